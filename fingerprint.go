@@ -1,0 +1,78 @@
+package idempotency
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+
+	"github.com/gowebpki/jcs"
+)
+
+// Fingerprint identifies the request a key was first used with, so that a
+// reused key with a different request is refused ([ErrMismatch]) instead of
+// replaying an unrelated result. Stores compare fingerprints for equality
+// only. The helpers below produce "sha256:" and 64 hex digits; a custom
+// fingerprint may be any string of at most [MaxFingerprintLen] bytes.
+type Fingerprint string
+
+// MaxFingerprintLen is the longest fingerprint [Do] accepts.
+const MaxFingerprintLen = 256
+
+// FingerprintBytes hashes b as it is. Use it for bodies whose exact bytes
+// matter.
+func FingerprintBytes(b []byte) Fingerprint {
+	sum := sha256.Sum256(b)
+	return hashFingerprint(sum)
+}
+
+// FingerprintJSON hashes the RFC 8785 (JSON Canonicalization Scheme) form of
+// v, so semantically equal values match: object keys in any order, any
+// spelling of the same number (1, 1.0, 1e0), any escaping of the same
+// string. v may be raw JSON ([]byte or [json.RawMessage]) or any value
+// encoding/json can marshal. It returns an error wrapping
+// [ErrInvalidArgument] for JSON it cannot parse.
+func FingerprintJSON(v any) (Fingerprint, error) {
+	var raw []byte
+	switch x := v.(type) {
+	case []byte:
+		raw = x
+	case json.RawMessage:
+		raw = x
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return "", fmt.Errorf("%w: fingerprint: %w", ErrInvalidArgument, err)
+		}
+		raw = b
+	}
+	canon, err := jcs.Transform(raw)
+	if err != nil {
+		return "", fmt.Errorf("%w: fingerprint: not canonicalizable JSON: %w", ErrInvalidArgument, err)
+	}
+	return FingerprintBytes(canon), nil
+}
+
+// FingerprintParts hashes several parts (say method, path, query and a
+// body's fingerprint) without ambiguity: each part is length-prefixed, so
+// ("ab", "c") and ("a", "bc") differ.
+func FingerprintParts(parts ...string) Fingerprint {
+	h := sha256.New()
+	var n [20]byte
+	for _, p := range parts {
+		b := appendLenPrefix(n[:0], len(p))
+		h.Write(b)
+		h.Write([]byte(p))
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return hashFingerprint(sum)
+}
+
+func hashFingerprint(sum [sha256.Size]byte) Fingerprint {
+	const prefix = "sha256:"
+	var buf [len(prefix) + 2*sha256.Size]byte
+	copy(buf[:], prefix)
+	hex.Encode(buf[len(prefix):], sum[:])
+	return Fingerprint(buf[:])
+}

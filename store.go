@@ -1,0 +1,159 @@
+package idempotency
+
+import (
+	"context"
+	"time"
+)
+
+// Store is the contract a storage backend implements. It works on bytes and
+// opaque strings; encoding, key scoping, heartbeats and error policy live in
+// [Do] above it.
+//
+// A record lives under a storage key and is in one of two states, STARTED
+// or COMPLETED (see [State]). Every implementation must keep these rules,
+// which the conformancetest package checks:
+//
+//  1. One atomic operation decides a claim. Never read, then write.
+//  2. Every write made under a lease (Renew, Checkpoint, Complete, Release)
+//     is conditional on the token, atomically. A holder whose lease was
+//     taken over gets [ErrLeaseLost] and changes nothing.
+//  3. Lease and retention deadlines are judged by the backend's clock where
+//     it has one; a store without one takes an injectable clock. Never
+//     compare a deadline with the client's wall clock when the server can
+//     decide.
+//  4. Every operation is safe to repeat with the same token: a Claim whose
+//     reply was lost returns Acquired again for that token; a Complete that
+//     already landed succeeds; releasing an absent record succeeds. [Do]
+//     relies on this to retry after an ambiguous error without ever running
+//     the effect twice.
+//  5. An error that may have been applied is reported as an error, never as
+//     a definite outcome such as "not claimed".
+//  6. Expired records disappear on their own (TTL) or through [Sweeper];
+//     correctness never depends on when deletion runs: an expired record
+//     is treated as absent by every operation.
+//  7. A canceled context changes nothing that was not already committed,
+//     and the context's error is returned (wrapped or not, so that
+//     errors.Is finds it).
+//
+// Fences strictly increase for a storage key across takeovers and across
+// deletion and re-creation of its record, so a fence seen by an old holder
+// is always smaller than any fence handed out after it.
+//
+// Native errors (a driver's, a network's) are wrapped with %w so callers can
+// reach them with errors.As.
+type Store interface {
+	// Claim atomically decides what a request for r.Key may do, following
+	// this table (the fingerprint is compared byte for byte):
+	//
+	//	record          fingerprint  lease    outcome
+	//	none/expired    -            -        OutcomeAcquired: new record, new fence
+	//	any             different    -        OutcomeMismatch
+	//	COMPLETED       same         -        OutcomeReplay with the stored result
+	//	STARTED         same         live     OutcomeInProgress with the time left
+	//	STARTED         same         expired  OutcomeAcquired by takeover: token
+	//	                                      r.Token, a greater fence, Attempt+1,
+	//	                                      the checkpoints handed over
+	//
+	// A STARTED record already held under r.Token (a repeated Claim whose
+	// reply was lost) returns OutcomeAcquired with the same fence and its
+	// checkpoints, and its lease is set to r.Lease from now.
+	//
+	// An acquired record's lease ends r.Lease after the store's now; the
+	// record itself is kept for r.Grace past the end of its lease (so that a
+	// takeover finds its checkpoints) and then expires.
+	Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error)
+
+	// Renew extends the lease of the STARTED record held under token to
+	// lease from the store's now, and its retention to lease plus the grace
+	// given at claim. It returns ErrLeaseLost when the record is absent,
+	// expired, COMPLETED, or held under another token. A lease that has
+	// expired but was not taken over may be renewed.
+	Renew(ctx context.Context, key string, token Token, lease time.Duration) error
+
+	// Checkpoint stores value under name in the STARTED record held under
+	// token, replacing any earlier value of that name. It returns
+	// ErrLeaseLost as Renew does, and ErrTooLarge when the store cannot keep
+	// the value. It does not change the lease.
+	Checkpoint(ctx context.Context, key string, token Token, name string, value []byte) error
+
+	// Complete moves the STARTED record held under token to COMPLETED with
+	// result, drops its checkpoints, and keeps it for retention from the
+	// store's now. Completing again a record already COMPLETED under the
+	// same token succeeds and changes nothing. It returns ErrLeaseLost when
+	// the record is absent, expired or held under another token, and
+	// ErrTooLarge, having written nothing, when result is larger than the
+	// store can keep.
+	Complete(ctx context.Context, key string, token Token, result []byte, retention time.Duration) error
+
+	// Release deletes the STARTED record held under token, so that the next
+	// Claim acquires it afresh (with a greater fence). Releasing an absent
+	// or expired record succeeds. It returns ErrLeaseLost when the record is
+	// held under another token or is COMPLETED.
+	Release(ctx context.Context, key string, token Token) error
+}
+
+// Sweeper is implemented by stores whose expired records are not removed by
+// the backend itself (or not promptly). Sweep deletes up to limit expired
+// records (limit <= 0 means no limit) and reports how many it deleted. It
+// never deletes a live record, and it is safe to run from several processes
+// at once. Correctness never depends on sweeping: it only bounds storage.
+type Sweeper interface {
+	Sweep(ctx context.Context, limit int) (int, error)
+}
+
+// Watcher is implemented by stores that can push a change of a record
+// (completion, release, deletion) instead of being polled. Watch blocks
+// until the record under key may have changed since the call began, or
+// until ctx is done, in which case it returns the context's error. A
+// spurious wake-up is allowed; a missed one is not, but callers also poll
+// at the lease's retry-after hint, so a store that cannot see every change
+// still makes progress.
+type Watcher interface {
+	Watch(ctx context.Context, key string) error
+}
+
+// Token identifies one holder's lease on a record. [Do] generates 128
+// random bits for every call (rendered as 32 lowercase hex digits); stores
+// treat it as an opaque string and compare it exactly.
+type Token string
+
+// ClaimRequest is the input of [Store.Claim].
+type ClaimRequest struct {
+	// Key is the storage key: scope and client key, already encoded without
+	// ambiguity by the caller. Stores must accept any valid UTF-8 string
+	// without NUL of up to [MaxStorageKeyLen] bytes.
+	Key string
+	// Fingerprint identifies the request; only equality matters.
+	Fingerprint Fingerprint
+	// Token is the new holder's token.
+	Token Token
+	// Lease is how long the lease lasts from the store's now. Positive.
+	Lease time.Duration
+	// Grace is how long a STARTED record is kept after its lease ends, so a
+	// takeover can find its checkpoints. Not negative.
+	Grace time.Duration
+}
+
+// ClaimResult is the output of [Store.Claim].
+type ClaimResult struct {
+	// Outcome is what the store decided.
+	Outcome Outcome
+	// Fence is the record's fence: for OutcomeAcquired the new holder's
+	// fence, for the other outcomes the current one, when known.
+	Fence int64
+	// Attempt counts the acquisitions of this record: 1 for a fresh claim,
+	// one more for every takeover.
+	Attempt int
+	// RetryAfter is, for OutcomeInProgress, the time left on the current
+	// holder's lease as judged by the store.
+	RetryAfter time.Duration
+	// Result is the stored result, for OutcomeReplay.
+	Result []byte
+	// Checkpoints are the recovery points of the record, for
+	// OutcomeAcquired by takeover or by a repeated claim. Nil otherwise.
+	Checkpoints map[string][]byte
+}
+
+// MaxStorageKeyLen is the longest storage key [Do] hands to a store. It
+// bounds the client key (see [WithMaxKeyLength]) plus the encoded scope.
+const MaxStorageKeyLen = 1024
