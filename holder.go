@@ -1,0 +1,221 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+)
+
+// holder is the state of one acquired lease while fn runs.
+type holder struct {
+	r         *Runner
+	key       string // storage key
+	clientKey string
+	token     Token
+	fence     int64
+	attempt   int
+	cancel    context.CancelCauseFunc
+
+	mu      sync.Mutex
+	points  map[string][]byte // recovery points: handed over, then made here
+	timer   *time.Timer
+	stopped bool
+	hbCtx   context.Context
+	// renewed is when the last successful renewal (or the claim) was
+	// sent: the lease surely lasts until renewed+lease.
+	renewed time.Time
+}
+
+type holderKey struct{}
+
+func holderFrom(ctx context.Context) *holder {
+	h, _ := ctx.Value(holderKey{}).(*holder)
+	return h
+}
+
+// startHeartbeat renews the lease every third of its length until
+// stopHeartbeat. A timer, not a goroutine, so a short fn costs nothing.
+func (h *holder) startHeartbeat(ctx context.Context, claimed time.Time) {
+	h.hbCtx = ctx
+	h.renewed = claimed
+	h.timer = time.AfterFunc(h.r.cfg.lease/3, h.beat)
+}
+
+func (h *holder) stopHeartbeat() {
+	h.mu.Lock()
+	h.stopped = true
+	h.timer.Stop()
+	h.mu.Unlock()
+}
+
+func (h *holder) beat() {
+	r := h.r
+	sent := time.Now()
+	err := r.retry(h.hbCtx, func(ctx context.Context) error {
+		return r.store.Renew(ctx, h.key, h.token, r.cfg.lease)
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		// fn has returned; whatever this renewal found is for Complete or
+		// Release to find out.
+		return
+	}
+	interval := r.cfg.lease / 3
+	switch {
+	case err == nil:
+		h.renewed = sent
+	case errors.Is(err, ErrLeaseLost):
+		h.lose(err)
+		return
+	case h.hbCtx.Err() != nil:
+		return
+	default:
+		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
+		left := time.Until(h.renewed.Add(r.cfg.lease))
+		if left <= 0 {
+			// We cannot prove the lease is still ours: stop fn before a
+			// taker-over could start.
+			h.lose(err)
+			return
+		}
+		interval = min(interval, left)
+	}
+	h.timer.Reset(interval)
+}
+
+// lose cancels fn's context with cause ErrLeaseLost. Called with mu held.
+func (h *holder) lose(err error) {
+	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Err: err})
+	h.cancel(ErrLeaseLost)
+}
+
+func (h *holder) complete(ctx context.Context, stored []byte) error {
+	r := h.r
+	return r.retry(ctx, func(ctx context.Context) error {
+		return r.store.Complete(ctx, h.key, h.token, stored, r.cfg.retention)
+	})
+}
+
+// release gives the key up after fn failed transiently or panicked
+// (cause), so that a retry runs fn again at once.
+func (h *holder) release(ctx context.Context, start time.Time, cause error) {
+	r := h.r
+	err := r.retry(ctx, func(ctx context.Context) error {
+		return r.store.Release(ctx, h.key, h.token)
+	})
+	e := Event{Kind: EventReleased, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: cause}
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		e.Kind, e.Err = EventLeaseLost, err
+	case err != nil:
+		// The lease will end on its own; a retry waits for it.
+		e.Kind, e.Err = EventStoreError, err
+	}
+	r.observe(ctx, e)
+}
+
+// Info describes the lease fn runs under. See [FromContext].
+type Info struct {
+	// Key is the client's idempotency key.
+	Key string
+	// StorageKey is the scoped key the record is stored under.
+	StorageKey string
+	// Fence strictly increases on every claim and takeover of the key:
+	// guard your own writes with it (UPDATE ... WHERE fence < $fence) so a
+	// stale holder's late write is refused.
+	Fence int64
+	// Attempt is 1 for a fresh claim and grows with every takeover.
+	Attempt int
+}
+
+// FromContext returns the lease of the [Do] call whose fn received ctx.
+func FromContext(ctx context.Context) (Info, bool) {
+	h := holderFrom(ctx)
+	if h == nil {
+		return Info{}, false
+	}
+	return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
+}
+
+// DownstreamKey derives an idempotency key for a downstream call (a payment
+// gateway, another service) from the key fn runs under: prefix, a colon,
+// and 32 hex digits of a hash of the scoped storage key. It is the same in
+// every attempt and takeover of the same request, differs across scopes
+// and prefixes, and is short enough for any gateway (Stripe allows 255).
+// Outside fn it returns an error wrapping [ErrInvalidArgument], never an
+// empty key.
+func DownstreamKey(ctx context.Context, prefix string) (string, error) {
+	h := holderFrom(ctx)
+	if h == nil {
+		return "", invalidArg("DownstreamKey called outside Do")
+	}
+	sum := sha256.Sum256([]byte(h.key))
+	return prefix + ":" + hex.EncodeToString(sum[:16]), nil
+}
+
+// Step runs one named step of fn as a recovery point. The first time, it
+// runs step and records its result under the lease; when the key is taken
+// over after a crash, the new holder's Step with the same name returns the
+// recorded result without running step again. So a payment flow of
+// phases (create the payment row, call the gateway with a downstream key,
+// record the answer) resumes where the crashed holder stopped.
+//
+// An error from step is returned and nothing is recorded, so a later
+// attempt runs the step again. If the result cannot be recorded, Step
+// returns it together with an error: [ErrLeaseLost] (fn's context is then
+// canceled) or a [*StoreError]; the step is then not a recovery point.
+// Outside fn, Step returns an error wrapping [ErrInvalidArgument] without
+// running step.
+func Step[T any](ctx context.Context, name string, step func(ctx context.Context) (T, error)) (T, error) {
+	var v T
+	h := holderFrom(ctx)
+	switch {
+	case h == nil:
+		return v, invalidArg("Step called outside Do")
+	case name == "":
+		return v, invalidArg("empty step name")
+	case step == nil:
+		return v, invalidArg("nil step")
+	}
+	r := h.r
+	h.mu.Lock()
+	b, done := h.points[name]
+	h.mu.Unlock()
+	if done {
+		err := r.cfg.codec.Unmarshal(b, &v)
+		return v, err
+	}
+	v, err := step(ctx)
+	if err != nil {
+		return v, err
+	}
+	b, err = r.cfg.codec.Marshal(v)
+	if err != nil {
+		return v, err
+	}
+	err = r.retry(ctx, func(ctx context.Context) error {
+		return r.store.Checkpoint(ctx, h.key, h.token, name, b)
+	})
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		h.mu.Lock()
+		if !h.stopped {
+			h.lose(err)
+		}
+		h.mu.Unlock()
+		return v, err
+	case err != nil:
+		return v, &StoreError{Op: "checkpoint", Ran: true, Err: err}
+	}
+	h.mu.Lock()
+	if h.points == nil {
+		h.points = make(map[string][]byte)
+	}
+	h.points[name] = b
+	h.mu.Unlock()
+	return v, nil
+}

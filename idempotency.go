@@ -1,0 +1,403 @@
+// Package idempotency gives a service exactly-once effects over
+// at-least-once networks. A double click, a client timeout followed by a
+// retry, a proxy that resends, a broker that redelivers: each request
+// carries an idempotency key, and [Do] runs the effect at most once per
+// key and request for the retention window, replaying the stored result
+// to every retry.
+//
+// The state machine (STARTED → COMPLETED, with leases, fencing and
+// takeover of crashed holders) is decided by a [Store]: the in-memory
+// store in store/memory, or the PostgreSQL, Redis, etcd and MongoDB
+// adapters, each in its own module so that this package imports no
+// database driver.
+//
+// What is guaranteed, and what is not: at most one live lease per key; a
+// holder whose lease was taken over can never complete, checkpoint or
+// release; a completed result is replayed to every retry within retention.
+// Exactly-once execution is impossible when a holder can outlive its lease
+// (a long GC pause, a partition): for that case fn receives a fence
+// ([FromContext]) that strictly increases on every takeover, so its own
+// writes can refuse a stale holder, and recovery points ([Step]) so a
+// taker-over skips the steps that already ran.
+package idempotency
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Runner runs functions once per idempotency key against a [Store]. It is
+// safe for concurrent use; make one per store and configuration.
+type Runner struct {
+	store   Store
+	watcher Watcher // store as a Watcher, or nil
+	cfg     config
+}
+
+// New returns a Runner on store. It returns an error wrapping
+// [ErrInvalidArgument] for a nil store or an invalid option.
+func New(store Store, opts ...Option) (*Runner, error) {
+	if store == nil {
+		return nil, invalidArg("nil store")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidArg("nil option")
+		}
+		o.apply(&cfg)
+	}
+	if !cfg.graceSet {
+		cfg.grace = cfg.retention
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Runner{store: store, cfg: cfg}
+	r.watcher, _ = store.(Watcher)
+	return r, nil
+}
+
+// Store returns the runner's store.
+func (r *Runner) Store() Store { return r.store }
+
+// Request names one request: the scope it belongs to, the client's key and
+// the fingerprint of what was asked.
+type Request struct {
+	// Scope parts (tenant, authenticated actor, operation or route) are
+	// part of the storage key, encoded without ambiguity, so a key from one
+	// scope never reaches another's record. May be empty.
+	Scope []string
+	// Key is the client's idempotency key: non-empty, at most the
+	// configured length (255 bytes by default), valid UTF-8 without control
+	// characters.
+	Key string
+	// Fingerprint identifies the request (see [FingerprintJSON]); a reused
+	// key with another fingerprint gets [ErrMismatch]. An empty fingerprint
+	// only matches an empty one.
+	Fingerprint Fingerprint
+}
+
+// Result is what [Do] returns.
+type Result[T any] struct {
+	// Value is fn's result, from this run or from the store.
+	Value T
+	// Replayed reports that the result (or error) comes from an earlier run
+	// and fn did not run in this call.
+	Replayed bool
+	// Fence and Attempt are the record's: the fence fn ran under, and how
+	// many times the record was acquired (1 unless taken over).
+	Fence   int64
+	Attempt int
+}
+
+// StorageKey validates req's key and scope and returns the storage key
+// handed to the store. It returns an error wrapping [ErrInvalidKey] or
+// [ErrInvalidArgument] for a request [Do] would refuse.
+func (r *Runner) StorageKey(req Request) (string, error) {
+	if len(req.Fingerprint) > MaxFingerprintLen {
+		return "", invalidArg("fingerprint longer than %d bytes", MaxFingerprintLen)
+	}
+	return storageKey(req.Scope, req.Key, r.cfg.maxKeyLen)
+}
+
+// Do runs fn at most once for req's scope, key and fingerprint within the
+// retention window, and returns its result to every retry.
+//
+//   - The first call claims the key and runs fn under a lease that is
+//     renewed in the background; a returned value is stored and replayed
+//     (Result.Replayed) to every later call with the same request.
+//   - A call while another holds a live lease gets an [*InProgressError]
+//     (matching [ErrInProgress]) with a retry-after hint, or waits for the
+//     result when [WithWait] is set.
+//   - A call with the same key and another fingerprint gets [ErrMismatch].
+//   - An error from fn is transient by default: the key is released and a
+//     retry runs fn again. An error marked [Permanent] (or classified so
+//     by [WithErrorPolicy]) is stored and replayed as a [*StoredError].
+//   - A panic in fn releases the key and panics again.
+//   - If the lease is lost while fn runs (a heartbeat finds it taken over
+//     or cannot renew it before it ends), fn's context is canceled with
+//     cause [ErrLeaseLost] and Do's error matches ErrLeaseLost.
+//   - After fn has succeeded it is never run again for this request: if the
+//     result cannot be stored, a marker is, and retries get
+//     [ErrResultNotStored].
+//   - A store failure is a [*StoreError]; its Ran field says whether fn
+//     had run, so the caller never takes "not run" for granted.
+//
+// Invalid input (a nil runner or fn, an invalid key) gives an error
+// wrapping [ErrInvalidArgument] or [ErrInvalidKey] before the store is
+// touched.
+func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (Result[T], error) {
+	var res Result[T]
+	if r == nil {
+		return res, invalidArg("nil runner")
+	}
+	if fn == nil {
+		return res, invalidArg("nil fn")
+	}
+	key, err := r.StorageKey(req)
+	if err != nil {
+		return res, err
+	}
+	claimReq := ClaimRequest{
+		Key:         key,
+		Fingerprint: req.Fingerprint,
+		Token:       newToken(),
+		Lease:       r.cfg.lease,
+		Grace:       r.cfg.grace,
+	}
+	var waitUntil time.Time
+	if r.cfg.wait > 0 {
+		waitUntil = time.Now().Add(r.cfg.wait)
+	}
+	poll := 10 * time.Millisecond
+	for {
+		start := time.Now()
+		var cr ClaimResult
+		err := r.retry(ctx, func(ctx context.Context) error {
+			var err error
+			cr, err = r.store.Claim(ctx, claimReq)
+			return err
+		})
+		took := time.Since(start)
+		if err != nil {
+			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Duration: took, Err: err})
+			return res, &StoreError{Op: "claim", Err: err}
+		}
+		res.Fence, res.Attempt = cr.Fence, cr.Attempt
+		switch cr.Outcome {
+		case OutcomeAcquired:
+			r.observe(ctx, Event{Kind: EventAcquired, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
+			h := &holder{r: r, key: key, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
+			return run(ctx, h, start, res, fn)
+		case OutcomeReplay:
+			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
+			res.Replayed = true
+			res.Value, err = DecodeOutcome[T](r, cr.Result)
+			return res, err
+		case OutcomeMismatch:
+			r.observe(ctx, Event{Kind: EventMismatch, Key: key, Duration: took})
+			return res, ErrMismatch
+		case OutcomeInProgress:
+			r.observe(ctx, Event{Kind: EventInProgress, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
+			left := time.Until(waitUntil)
+			if r.cfg.wait <= 0 || left <= 0 {
+				return res, &InProgressError{RetryAfter: cr.RetryAfter}
+			}
+			if err := r.awaitChange(ctx, key, min(left, max(cr.RetryAfter, time.Millisecond)), &poll); err != nil {
+				return res, err
+			}
+		default:
+			err := fmt.Errorf("store returned invalid outcome %v", cr.Outcome)
+			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Duration: took, Err: err})
+			return res, &StoreError{Op: "claim", Err: err}
+		}
+	}
+}
+
+// awaitChange waits for the record under key to change, for at most d:
+// through the store's Watcher when it has one, else by polling with a
+// growing interval.
+func (r *Runner) awaitChange(ctx context.Context, key string, d time.Duration, poll *time.Duration) error {
+	if r.watcher != nil {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		err := r.watcher.Watch(wctx, key)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			return nil
+		}
+		// A watch that failed is no reason to fail the call: fall back to
+		// polling.
+	}
+	t := time.NewTimer(min(d, *poll))
+	defer t.Stop()
+	*poll = min(2**poll, time.Second)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// run executes fn as the holder of a fresh lease and records its outcome.
+func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T], fn func(context.Context) (T, error)) (Result[T], error) {
+	r := h.r
+	start := time.Now()
+	fnCtx, cancel := context.WithCancelCause(context.WithValue(ctx, holderKey{}, h))
+	h.cancel = cancel
+	defer cancel(nil)
+	h.startHeartbeat(fnCtx, claimed)
+
+	// The store calls after fn must happen even when the caller's context
+	// is canceled (releasing lets a retry run at once instead of waiting
+	// for the lease), but not for longer than the lease could hold.
+	after := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease)
+	}
+
+	panicked := true
+	defer func() {
+		if !panicked {
+			return
+		}
+		h.stopHeartbeat()
+		sctx, scancel := after()
+		defer scancel()
+		h.release(sctx, start, errors.New("fn panicked"))
+	}()
+	v, fnErr := fn(fnCtx)
+	panicked = false
+	h.stopHeartbeat()
+	lost := errors.Is(context.Cause(fnCtx), ErrLeaseLost)
+
+	sctx, scancel := after()
+	defer scancel()
+
+	stored, keep, encErr := EncodeOutcome(r, v, fnErr)
+	if !keep {
+		h.release(sctx, start, fnErr)
+		if lost {
+			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
+		}
+		return res, fnErr
+	}
+	err := h.complete(sctx, stored)
+	if errors.Is(err, ErrTooLarge) && fnErr == nil {
+		// The store keeps less than we allow: store the marker instead.
+		encErr = err
+		stored = []byte{resultNotStored}
+		err = h.complete(sctx, stored)
+	}
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+		if fnErr != nil {
+			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
+		}
+		res.Value = v
+		return res, fmt.Errorf("%w: fn ran but its result was not recorded", ErrLeaseLost)
+	case err != nil:
+		r.observe(ctx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+		res.Value = v
+		return res, &StoreError{Op: "complete", Ran: true, Err: err}
+	}
+	r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: encErr})
+	if fnErr != nil {
+		return res, fnErr
+	}
+	res.Value = v
+	return res, nil
+}
+
+// EncodeOutcome turns fn's outcome into the bytes to store. keep is false
+// when fnErr is transient under r's error policy: nothing is to be stored
+// and the key is to be released. A success whose value cannot be encoded,
+// or is larger than the configured limit, becomes a marker that replays as
+// [ErrResultNotStored]; the reason is returned as err, for logs.
+//
+// It is exported for adapters that run their own execution mode (such as a
+// transaction in the caller's database) but must store what [Do] replays.
+func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool, err error) {
+	if fnErr != nil {
+		if !r.cfg.permanent(fnErr) {
+			return nil, false, nil
+		}
+		msg, err := r.cfg.codec.Marshal(fnErr.Error())
+		if err != nil {
+			return []byte{resultNotStored}, true, err
+		}
+		return encodeResult(resultError, msg), true, nil
+	}
+	payload, err := r.cfg.codec.Marshal(v)
+	switch {
+	case err != nil:
+		return []byte{resultNotStored}, true, fmt.Errorf("idempotency: encode result: %w", err)
+	case len(payload) > r.cfg.maxResult:
+		return []byte{resultNotStored}, true, fmt.Errorf("%w: result of %d bytes, limit %d", ErrTooLarge, len(payload), r.cfg.maxResult)
+	}
+	return encodeResult(resultValue, payload), true, nil
+}
+
+// DecodeOutcome turns stored bytes made by [EncodeOutcome] back into the
+// value, or the error to replay: a [*StoredError] for a permanent error,
+// [ErrResultNotStored] for the marker.
+func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
+	var v T
+	kind, payload, err := decodeResult(stored)
+	if err != nil {
+		return v, err
+	}
+	switch kind {
+	case resultValue:
+		if err := r.cfg.codec.Unmarshal(payload, &v); err != nil {
+			return v, fmt.Errorf("idempotency: decode stored result: %w", err)
+		}
+		return v, nil
+	case resultError:
+		var msg string
+		if err := r.cfg.codec.Unmarshal(payload, &msg); err != nil {
+			return v, fmt.Errorf("idempotency: decode stored error: %w", err)
+		}
+		return v, &StoredError{Message: msg}
+	default:
+		return v, ErrResultNotStored
+	}
+}
+
+func isMarkedPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+
+// retry calls f until it succeeds, fails with an error that is not worth
+// retrying, or runs out of attempts. Each call repeats the same store
+// operation with the same token, which rule 4 of [Store] makes safe.
+func (r *Runner) retry(ctx context.Context, f func(context.Context) error) error {
+	backoff := r.cfg.storeBackoff
+	for attempt := 1; ; attempt++ {
+		err := f(ctx)
+		if err == nil || attempt >= r.cfg.storeAttempts || !retryable(ctx, err) {
+			return err
+		}
+		// Full jitter keeps a crowd of retries from landing together.
+		d := time.Duration(rand.Int64N(int64(backoff) + 1))
+		backoff *= 2
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	return !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrTooLarge) &&
+		!errors.Is(err, ErrInvalidArgument) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+func (r *Runner) observe(ctx context.Context, e Event) {
+	if r.cfg.observer != nil {
+		r.cfg.observer.Observe(ctx, e)
+	}
+}
+
+// newToken returns 128 random bits as 32 hex digits.
+func newToken() Token {
+	var b [16]byte
+	crand.Read(b[:]) // never fails (Go 1.24+)
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return Token(h[:])
+}
