@@ -39,6 +39,8 @@ func holderFrom(ctx context.Context) *holder {
 // startHeartbeat renews the lease every third of its length until
 // stopHeartbeat. A timer, not a goroutine, so a short fn costs nothing.
 func (h *holder) startHeartbeat(ctx context.Context, claimed time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.hbCtx = ctx
 	h.renewed = claimed
 	h.timer = time.AfterFunc(h.r.cfg.lease/3, h.beat)
@@ -101,8 +103,9 @@ func (h *holder) complete(ctx context.Context, stored []byte) error {
 }
 
 // release gives the key up after fn failed transiently or panicked
-// (cause), so that a retry runs fn again at once.
-func (h *holder) release(ctx context.Context, start time.Time, cause error) {
+// (cause), so that a retry runs fn again at once. It returns the store's
+// error, already observed.
+func (h *holder) release(ctx context.Context, start time.Time, cause error) error {
 	r := h.r
 	err := r.retry(ctx, func(ctx context.Context) error {
 		return r.store.Release(ctx, h.key, h.token)
@@ -116,6 +119,7 @@ func (h *holder) release(ctx context.Context, start time.Time, cause error) {
 		e.Kind, e.Err = EventStoreError, err
 	}
 	r.observe(ctx, e)
+	return err
 }
 
 // Info describes the lease fn runs under. See [FromContext].

@@ -264,7 +264,9 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 
 	stored, keep, encErr := EncodeOutcome(r, v, fnErr)
 	if !keep {
-		h.release(sctx, start, fnErr)
+		if err := h.release(sctx, start, fnErr); errors.Is(err, ErrLeaseLost) {
+			lost = true
+		}
 		if lost {
 			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
 		}

@@ -1,0 +1,100 @@
+package idempotency_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/store/memory"
+)
+
+type payment struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+func keys(n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = "key-" + strconv.Itoa(i)
+	}
+	return ks
+}
+
+// BenchmarkDo measures Do on the memory store. Compare fresh with
+// BenchmarkStoreDirect/claim+complete, which makes the same store calls
+// without the core: the difference is the core's overhead.
+func BenchmarkDo(b *testing.B) {
+	ctx := context.Background()
+	fp := idempotency.FingerprintBytes([]byte("body"))
+	fn := func(ctx context.Context) (payment, error) { return payment{ID: "ch_1", Amount: 100}, nil }
+	b.Run("fresh", func(b *testing.B) {
+		r, _ := idempotency.New(memory.New(nil))
+		ks := keys(b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			res, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"acct"}, Key: ks[i], Fingerprint: fp}, fn)
+			if err != nil || res.Replayed {
+				b.Fatal(res, err)
+			}
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		r, _ := idempotency.New(memory.New(nil))
+		req := idempotency.Request{Scope: []string{"acct"}, Key: "k", Fingerprint: fp}
+		if _, err := idempotency.Do(ctx, r, req, fn); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			res, err := idempotency.Do(ctx, r, req, fn)
+			if err != nil || !res.Replayed {
+				b.Fatal(res, err)
+			}
+		}
+	})
+}
+
+// BenchmarkStoreDirect is the baseline: the memory store's own cost for
+// what a fresh Do asks of it (a claim and a complete) and for a replay (a
+// claim), with keys, token and result prepared outside the loop.
+func BenchmarkStoreDirect(b *testing.B) {
+	ctx := context.Background()
+	fp := idempotency.FingerprintBytes([]byte("body"))
+	result := []byte(`v{"id":"ch_1","amount":100}`)
+	b.Run("claim+complete", func(b *testing.B) {
+		s := memory.New(nil)
+		ks := make([]string, b.N)
+		for i, k := range keys(b.N) {
+			ks[i], _ = idempotency.StorageKey([]string{"acct"}, k)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			cr, err := s.Claim(ctx, idempotency.ClaimRequest{Key: ks[i], Fingerprint: fp, Token: "0123456789abcdef0123456789abcdef", Lease: idempotency.DefaultLease, Grace: idempotency.DefaultRetention})
+			if err != nil || cr.Outcome != idempotency.OutcomeAcquired {
+				b.Fatal(cr, err)
+			}
+			if err := s.Complete(ctx, ks[i], "0123456789abcdef0123456789abcdef", result, idempotency.DefaultRetention); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("claim-replay", func(b *testing.B) {
+		s := memory.New(nil)
+		key, _ := idempotency.StorageKey([]string{"acct"}, "k")
+		s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: fp, Token: "t", Lease: idempotency.DefaultLease})
+		s.Complete(ctx, key, "t", result, idempotency.DefaultRetention)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			cr, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: fp, Token: "u", Lease: idempotency.DefaultLease})
+			if err != nil || cr.Outcome != idempotency.OutcomeReplay {
+				b.Fatal(cr, err)
+			}
+		}
+	})
+}
