@@ -9,8 +9,11 @@ import (
 	"time"
 )
 
-// holder is the state of one acquired lease while fn runs.
+// holder is the state of one acquired lease while fn runs. It is also the
+// context fn's context derives from, carrying itself as a value (see
+// [FromContext]) without the allocation of context.WithValue.
 type holder struct {
+	parent    context.Context
 	r         *Runner
 	key       string // storage key
 	clientKey string
@@ -30,6 +33,16 @@ type holder struct {
 }
 
 type holderKey struct{}
+
+func (h *holder) Deadline() (time.Time, bool) { return h.parent.Deadline() }
+func (h *holder) Done() <-chan struct{}       { return h.parent.Done() }
+func (h *holder) Err() error                  { return h.parent.Err() }
+func (h *holder) Value(key any) any {
+	if key == (holderKey{}) {
+		return h
+	}
+	return h.parent.Value(key)
+}
 
 func holderFrom(ctx context.Context) *holder {
 	h, _ := ctx.Value(holderKey{}).(*holder)

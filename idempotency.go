@@ -164,7 +164,10 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 			cr, err = r.store.Claim(ctx, claimReq)
 			return err
 		})
-		took := time.Since(start)
+		var took time.Duration
+		if r.cfg.observer != nil {
+			took = time.Since(start)
+		}
 		if err != nil {
 			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Duration: took, Err: err})
 			return res, &StoreError{Op: "claim", Err: err}
@@ -173,7 +176,7 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 		switch cr.Outcome {
 		case OutcomeAcquired:
 			r.observe(ctx, Event{Kind: EventAcquired, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
-			h := &holder{r: r, key: key, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
+			h := &holder{parent: ctx, r: r, key: key, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
 			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
@@ -231,16 +234,20 @@ func (r *Runner) awaitChange(ctx context.Context, key string, d time.Duration, p
 // run executes fn as the holder of a fresh lease and records its outcome.
 func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T], fn func(context.Context) (T, error)) (Result[T], error) {
 	r := h.r
-	start := time.Now()
-	fnCtx, cancel := context.WithCancelCause(context.WithValue(ctx, holderKey{}, h))
+	start := claimed
+	fnCtx, cancel := context.WithCancelCause(h)
 	h.cancel = cancel
 	defer cancel(nil)
 	h.startHeartbeat(fnCtx, claimed)
 
 	// The store calls after fn must happen even when the caller's context
-	// is canceled (releasing lets a retry run at once instead of waiting
-	// for the lease), but not for longer than the lease could hold.
+	// is canceled (a Complete cut short would leave the key to be taken
+	// over and fn run again; a Release lets a retry run at once), but not
+	// for longer than the lease could hold.
 	after := func() (context.Context, context.CancelFunc) {
+		if ctx.Done() == nil {
+			return ctx, func() {} // cannot be canceled: use it as it is
+		}
 		return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease)
 	}
 
@@ -292,7 +299,9 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 		res.Value = v
 		return res, &StoreError{Op: "complete", Ran: true, Err: err}
 	}
-	r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: encErr})
+	if r.cfg.observer != nil {
+		r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: encErr})
+	}
 	if fnErr != nil {
 		return res, fnErr
 	}

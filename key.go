@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -65,17 +66,22 @@ func storageKey(scope []string, key string, max int) (string, error) {
 		}
 		n += len(p) + 4
 	}
-	b := make([]byte, 0, n)
-	for _, p := range scope {
-		b = appendLenPrefix(b, len(p))
-		b = append(b, p...)
-	}
-	b = appendLenPrefix(b, len(key))
-	b = append(b, key...)
-	if len(b) > MaxStorageKeyLen {
+	if n > MaxStorageKeyLen+4 {
 		return "", invalidKey("scope and key longer than "+strconv.Itoa(MaxStorageKeyLen)+" bytes", key)
 	}
-	return string(b), nil
+	var sb strings.Builder
+	sb.Grow(n)
+	var num [20]byte
+	for _, p := range scope {
+		sb.Write(appendLenPrefix(num[:0], len(p)))
+		sb.WriteString(p)
+	}
+	sb.Write(appendLenPrefix(num[:0], len(key)))
+	sb.WriteString(key)
+	if sb.Len() > MaxStorageKeyLen {
+		return "", invalidKey("scope and key longer than "+strconv.Itoa(MaxStorageKeyLen)+" bytes", key)
+	}
+	return sb.String(), nil
 }
 
 func appendLenPrefix(b []byte, n int) []byte {
