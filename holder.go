@@ -45,6 +45,9 @@ func (h *holder) Value(key any) any {
 }
 
 func holderFrom(ctx context.Context) *holder {
+	if ctx == nil {
+		return nil
+	}
 	h, _ := ctx.Value(holderKey{}).(*holder)
 	return h
 }

@@ -140,6 +140,9 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 	if fn == nil {
 		return res, invalidArg("nil fn")
 	}
+	if ctx == nil {
+		return res, invalidArg("nil context")
+	}
 	key, err := r.StorageKey(req)
 	if err != nil {
 		return res, err

@@ -398,6 +398,10 @@ func TestInvalidInput(t *testing.T) {
 	if _, err := idempotency.Do[int](ctx, r, req("k"), nil); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("nil fn: %v", err)
 	}
+	//lint:ignore SA1012 a nil context is the point of this check
+	if _, err := idempotency.Do(nil, r, req("k"), fn); !errors.Is(err, idempotency.ErrInvalidArgument) { //nolint:staticcheck
+		t.Errorf("nil context: %v", err)
+	}
 	if _, err := idempotency.Do(ctx, nil, req("k"), fn); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("nil runner: %v", err)
 	}
