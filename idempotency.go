@@ -66,6 +66,17 @@ func New(store Store, opts ...Option) (*Runner, error) {
 // Store returns the runner's store.
 func (r *Runner) Store() Store { return r.store }
 
+// Lease returns the configured lease (see [WithLease]).
+func (r *Runner) Lease() time.Duration { return r.cfg.lease }
+
+// Retention returns the configured retention (see [WithRetention]).
+func (r *Runner) Retention() time.Duration { return r.cfg.retention }
+
+// Observe hands e to the runner's observer, if it has one. It is exported
+// for adapters that run their own execution mode, so their outcomes reach
+// the same logs and metrics as [Do]'s.
+func (r *Runner) Observe(ctx context.Context, e Event) { r.observe(ctx, e) }
+
 // Request names one request: the scope it belongs to, the client's key and
 // the fingerprint of what was asked.
 type Request struct {
@@ -340,6 +351,11 @@ func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool
 	}
 	return encodeResult(resultValue, payload), true, nil
 }
+
+// NotStoredMarker returns the stored form of a success whose result could
+// not be kept: it replays as [ErrResultNotStored]. Adapters with their own
+// execution mode store it when the store refuses a result as too large.
+func NotStoredMarker() []byte { return []byte{resultNotStored} }
 
 // DecodeOutcome turns stored bytes made by [EncodeOutcome] back into the
 // value, or the error to replay: a [*StoredError] for a permanent error,
