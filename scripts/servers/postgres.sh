@@ -10,8 +10,10 @@
 # fsync off, listening on 127.0.0.1 on a port that is not 5432 (54329, or
 # the next free one), its unix socket inside the data root, and creates the
 # database "idem". Running start again reuses a server that is already up;
-# a server left over from a crashed run is restarted. Everything but the
-# export line goes to stderr.
+# a server left over from a crashed run is restarted. If the postgres user
+# cannot reach DIR, the data lives in /tmp/idem-postgres-<hash of DIR>
+# instead (DIR/postgres.root says where). Everything but the export line
+# goes to stderr.
 set -euo pipefail
 
 cmd=${1:-}
@@ -40,6 +42,16 @@ root_for() {
 
 pg() { runuser -u postgres -- "$@"; }
 
+# ready PORT TRIES: wait until the server on PORT accepts connections,
+# trying every 0.1s.
+ready() {
+  for _ in $(seq 1 "$2"); do
+    if pg "$bin/pg_isready" -q -h 127.0.0.1 -p "$1"; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
 port_free() {
   ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
@@ -52,7 +64,13 @@ start)
   fi
   if [ ! -x "$bin/initdb" ]; then
     log "installing postgresql-15"
-    (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql-15) >&2
+    # Only the binaries are wanted: no default cluster on port 5432.
+    if [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+      mkdir -p /etc/postgresql-common
+      echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.conf
+    fi
+    (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+      -o Dpkg::Options::=--force-confold postgresql-15) >&2
   fi
   root=$(root_for)
   data=$root/data
@@ -65,13 +83,29 @@ start)
   if [ ! -s "$data/PG_VERSION" ]; then
     rm -rf "$data"
     log "initdb in $data"
-    pg "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >&2
+    pg "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 --no-sync >&2
   fi
 
+  running=
   if pg "$bin/pg_ctl" status -D "$data" >/dev/null 2>&1; then
     port=$(sed -n 4p "$data/postmaster.pid")
-    log "reusing the server already running on port $port"
-  else
+    if ready "$port" 30; then
+      running=1
+      log "reusing the server already running on port $port"
+    else
+      # A server that was killed and is still going away, or hangs: make
+      # sure it is gone before starting afresh.
+      log "the server in $data does not answer; stopping it"
+      for _ in $(seq 1 50); do
+        pg "$bin/pg_ctl" status -D "$data" >/dev/null 2>&1 || break
+        sleep 0.1
+      done
+      if pg "$bin/pg_ctl" status -D "$data" >/dev/null 2>&1; then
+        pg "$bin/pg_ctl" stop -D "$data" -m immediate -w >&2 || true
+      fi
+    fi
+  fi
+  if [ -z "$running" ]; then
     port=54329
     while ! port_free "$port"; do
       port=$((port + 1))
@@ -92,10 +126,11 @@ start)
     }
   fi
 
-  for _ in $(seq 1 100); do
-    if pg "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"; then break; fi
-    sleep 0.1
-  done
+  if ! ready "$port" 100; then
+    log "the server on port $port does not accept connections"
+    tail -n 30 "$root/server.log" >&2 || true
+    exit 1
+  fi
   if ! pg "$bin/psql" -h 127.0.0.1 -p "$port" -d postgres -tAc "select 1 from pg_database where datname='idem'" | grep -q 1; then
     pg "$bin/createdb" -h 127.0.0.1 -p "$port" idem >&2
   fi

@@ -1,0 +1,59 @@
+package postgres_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/conformancetest"
+	"github.com/exactlyonce/idempotency/store/postgres"
+	"github.com/jackc/pgx/v5"
+)
+
+// testMaxValueSize is below the default so that the suite's too_large case
+// checks the limit without megabytes of traffic per case.
+const testMaxValueSize = 256 << 10
+
+// The suite runs in the three pgx query modes: the default (extended
+// protocol, statements prepared and cached per connection), exec (extended
+// protocol without prepared statements) and simple protocol. The last two
+// are what PgBouncer's transaction pooling allows.
+var execModes = []struct {
+	name string
+	mode pgx.QueryExecMode
+}{
+	{"extended", pgx.QueryExecModeCacheStatement},
+	{"exec", pgx.QueryExecModeExec},
+	{"simple_protocol", pgx.QueryExecModeSimpleProtocol},
+}
+
+func TestConformance(t *testing.T) {
+	for _, m := range execModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			db := testPool(t, m.mode)
+			// One table per mode, migrated once: every case uses keys of
+			// its own.
+			var once sync.Once
+			var table string
+			conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
+				once.Do(func() { table = newStoreTable(t, db) })
+				s, err := postgres.New(db, &postgres.Options{Schema: testSchema, Table: table, MaxValueSize: testMaxValueSize})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}, conformancetest.Capabilities{
+				Sweeper:         true,
+				MaxValueSize:    testMaxValueSize,
+				LeaseResolution: 0, // microseconds: finer than the suite's default milliseconds
+			})
+		})
+	}
+}
+
+func newStoreTable(t testing.TB, db postgres.DB) string {
+	table := "conf_" + randomHex(6)
+	newStore(t, db, &postgres.Options{Table: table})
+	return table
+}

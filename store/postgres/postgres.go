@@ -1,0 +1,282 @@
+// Package postgres is an [idempotency.Store] on PostgreSQL, through pgx v5,
+// with a transactional mode ([DoTx]) in which the idempotency key commits in
+// the caller's own transaction, together with the effect.
+//
+// As a plain store behind [idempotency.Do], every decision is one SQL
+// statement judged by the server's clock_timestamp(): a claim is a single
+// INSERT ... ON CONFLICT ... DO UPDATE ... WHERE takeover condition, and
+// Renew, Checkpoint, Complete and Release are UPDATE or DELETE statements
+// conditional on the holder's token. Fences come from a sequence. Expired
+// rows are treated as absent and removed by [Store.Sweep].
+//
+// The store accepts a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx through the
+// narrow [DB] interface, and never closes it. The schema is embedded and
+// applied by [Store.Migrate], or copied from [Schema] into golang-migrate,
+// goose or Atlas migrations.
+package postgres
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"text/template"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the store needs from a database handle. A *pgxpool.Pool, a
+// *pgx.Conn and a pgx.Tx all satisfy it. The store never closes it.
+//
+// Given a pgx.Tx, every store operation runs inside that transaction and
+// takes effect when the caller commits it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Defaults of [Options].
+const (
+	DefaultTable        = "idempotency_keys"
+	DefaultMaxValueSize = 1 << 20
+	DefaultSweepBatch   = 1000
+)
+
+// maxValueSizeLimit keeps values well under PostgreSQL's 1 GB field limit,
+// and jsonb's base64 encoding of checkpoints under it too.
+const maxValueSizeLimit = 256 << 20
+
+// Options configure a [Store]. The zero value (or nil) means defaults.
+type Options struct {
+	// Schema is the PostgreSQL schema of the table. Default: none, so the
+	// table is found through the search_path.
+	Schema string
+	// Table is the table's name; its fence sequence is Table+"_fence_seq"
+	// and its expiry index Table+"_expires_at_idx". Both names are used
+	// exactly as given (quoted), and must be identifiers: a letter or
+	// underscore, then letters, digits or underscores, at most 48 bytes
+	// for the table and 63 for the schema. Default: [DefaultTable].
+	Table string
+	// MaxValueSize is the largest result or checkpoint value, in bytes,
+	// that the store keeps; a larger one gets [idempotency.ErrTooLarge]
+	// before anything is written. At most 256 MiB.
+	// Default: [DefaultMaxValueSize] (1 MiB).
+	MaxValueSize int
+	// SweepBatch is how many expired rows one statement of [Store.Sweep]
+	// deletes, so that no sweep holds many row locks for long.
+	// Default: [DefaultSweepBatch].
+	SweepBatch int
+	// TxLockWait is how long [DoTx] waits on the row lock of a concurrent
+	// transaction holding the same key before giving up with an
+	// [*idempotency.InProgressError]. Zero waits until the other
+	// transaction ends (or ctx is done), then replays its result or, if it
+	// rolled back, runs fn. Default: 0.
+	TxLockWait time.Duration
+	// TxRetention is how long a result recorded by [DoTx] is kept and
+	// replayed. Default: [idempotency.DefaultRetention].
+	TxRetention time.Duration
+}
+
+// Store is an [idempotency.Store] and [idempotency.Sweeper] on a PostgreSQL
+// table. It is safe for concurrent use if its DB is.
+type Store struct {
+	db   DB
+	opts Options
+	sql  statements
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Sweeper = (*Store)(nil)
+)
+
+// ErrRetryable matches errors caused by a serialization failure (SQLSTATE
+// 40001) or a deadlock (40P01): the transaction they happened in is lost,
+// and running it again from the start may succeed. The error still wraps
+// the *pgconn.PgError. See [RunInTx].
+var ErrRetryable = errors.New("postgres: serialization failure or deadlock; run the transaction again")
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// New returns a store on db. It checks opts but does not touch the
+// database; run [Store.Migrate] (or the SQL of [Schema]) once before use.
+// It returns an error wrapping [idempotency.ErrInvalidArgument] for a nil
+// db or invalid options.
+func New(db DB, opts *Options) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: postgres: nil db", idempotency.ErrInvalidArgument)
+	}
+	o, err := withDefaults(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, opts: o, sql: buildStatements(names(o))}, nil
+}
+
+func withDefaults(opts *Options) (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if o.MaxValueSize == 0 {
+		o.MaxValueSize = DefaultMaxValueSize
+	}
+	if o.SweepBatch == 0 {
+		o.SweepBatch = DefaultSweepBatch
+	}
+	if o.TxRetention == 0 {
+		o.TxRetention = idempotency.DefaultRetention
+	}
+	invalid := func(format string, args ...any) (Options, error) {
+		return o, fmt.Errorf("%w: postgres: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case !identRE.MatchString(o.Table) || len(o.Table) > 48:
+		return invalid("table name %q is not an identifier of at most 48 bytes", o.Table)
+	case o.Schema != "" && (!identRE.MatchString(o.Schema) || len(o.Schema) > 63):
+		return invalid("schema name %q is not an identifier of at most 63 bytes", o.Schema)
+	case o.MaxValueSize < 0 || o.MaxValueSize > maxValueSizeLimit:
+		return invalid("MaxValueSize must be in 1..%d, got %d", maxValueSizeLimit, o.MaxValueSize)
+	case o.SweepBatch < 0:
+		return invalid("SweepBatch must be positive, got %d", o.SweepBatch)
+	case o.TxLockWait < 0:
+		return invalid("TxLockWait must not be negative, got %v", o.TxLockWait)
+	case o.TxRetention < 0:
+		return invalid("TxRetention must be positive, got %v", o.TxRetention)
+	}
+	return o, nil
+}
+
+// objectNames are the quoted SQL names of the store's objects.
+type objectNames struct {
+	Schema string // quoted schema, or ""
+	Table  string // quoted, qualified table
+	Seq    string // quoted, qualified sequence
+	Index  string // quoted index name (indexes live in their table's schema)
+	Lock   string // plain qualified name, keys the migration's advisory lock
+}
+
+func names(o Options) objectNames {
+	q := func(s string) string { return `"` + s + `"` }
+	n := objectNames{
+		Table: q(o.Table),
+		Seq:   q(o.Table + "_fence_seq"),
+		Index: q(o.Table + "_expires_at_idx"),
+		Lock:  o.Table,
+	}
+	if o.Schema != "" {
+		n.Schema = q(o.Schema)
+		n.Table = n.Schema + "." + n.Table
+		n.Seq = n.Schema + "." + n.Seq
+		n.Lock = o.Schema + "." + o.Table
+	}
+	return n
+}
+
+//go:embed schema.sql
+var schemaTemplate string
+
+var schemaTmpl = template.Must(template.New("schema").Parse(schemaTemplate))
+
+// Schema returns the SQL that creates the store's table, sequence and index
+// for opts (nil means defaults), for teams that apply migrations with
+// golang-migrate, goose or Atlas instead of [Store.Migrate]. Every statement
+// is idempotent (IF NOT EXISTS). It returns an error wrapping
+// [idempotency.ErrInvalidArgument] for invalid options.
+func Schema(opts *Options) (string, error) {
+	o, err := withDefaults(opts)
+	if err != nil {
+		return "", err
+	}
+	return renderSchema(names(o)), nil
+}
+
+func renderSchema(n objectNames) string {
+	var b bytes.Buffer
+	if err := schemaTmpl.Execute(&b, n); err != nil {
+		panic(err) // the template is fixed and its names validated
+	}
+	return b.String()
+}
+
+// Migrate creates the store's table, sequence and index if they do not
+// exist. It is safe to run repeatedly and from several instances at once:
+// the statements run in one implicit transaction that first takes an
+// advisory lock keyed by the table's name. Given a pgx.Tx, it runs inside
+// it and holds the lock until the caller commits.
+func (s *Store) Migrate(ctx context.Context) error {
+	n := names(s.opts)
+	sql := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, hashtext('%s'));\n", migrateLockClass, n.Lock) + renderSchema(n)
+	// Without arguments pgx sends this as one simple-protocol query, which
+	// PostgreSQL runs as a single (implicit) transaction.
+	if _, err := s.db.Exec(ctx, sql); err != nil {
+		return wrapErr(ctx, "migrate", err)
+	}
+	return nil
+}
+
+// migrateLockClass is the first key of the migration's advisory lock; the
+// second is a hash of the table's name.
+const migrateLockClass = 0x1de7
+
+// storeError wraps a database error from op. It matches ErrRetryable for
+// serialization failures and deadlocks, and keeps the native error (and a
+// context error, when ctx is done) reachable with errors.Is and errors.As.
+type storeError struct {
+	op        string
+	err       error
+	retryable bool
+	ctxErr    error
+}
+
+func (e *storeError) Error() string {
+	s := "postgres: " + e.op + ": " + e.err.Error()
+	if e.retryable {
+		s += " (retryable: run the transaction again)"
+	}
+	return s
+}
+
+func (e *storeError) Unwrap() []error {
+	if e.ctxErr != nil {
+		return []error{e.err, e.ctxErr}
+	}
+	return []error{e.err}
+}
+
+func (e *storeError) Is(target error) bool { return target == ErrRetryable && e.retryable }
+
+func wrapErr(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	e := &storeError{op: op, err: err, retryable: isRetryableCode(err)}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		e.ctxErr = cerr
+	}
+	return e
+}
+
+func isRetryableCode(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return false
+}
+
+// IsRetryable reports whether err comes from a serialization failure
+// (40001) or a deadlock (40P01), whether or not this package wrapped it:
+// the transaction it happened in should be run again from the start.
+func IsRetryable(err error) bool {
+	return errors.Is(err, ErrRetryable) || isRetryableCode(err)
+}

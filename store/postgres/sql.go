@@ -1,0 +1,172 @@
+package postgres
+
+import "strings"
+
+// statements are the store's SQL, rendered once for its table.
+//
+// Conventions: every statement reads the server's clock once, in a CTE
+// "c" (clock_timestamp(), not now(), which inside a long transaction would
+// be the transaction's start); durations arrive as bigint microseconds;
+// every parameter carries a cast, so the statements also work with pgx's
+// exec and simple-protocol modes (PgBouncer transaction pooling).
+type statements struct {
+	claim, renew, checkpoint, complete, completeTx, release, sweep string
+}
+
+// The claim. One INSERT ... ON CONFLICT DO UPDATE decides, atomically:
+//   - no row, or an expired one: a fresh record (new fence, attempt 1);
+//   - STARTED, same fingerprint, lease ended: takeover (new token and
+//     fence, attempt+1, checkpoints kept);
+//   - STARTED under the same token: a repeated claim (same fence, lease
+//     set again, checkpoints returned).
+//
+// Otherwise ON CONFLICT leaves the row unchanged (but locked), and the
+// "cur" CTE reads it FOR SHARE: in READ COMMITTED a locking read returns
+// the latest committed version even when it was written after the
+// statement's snapshot, so the outcome (replay, in progress, mismatch) is
+// computed from the very row ON CONFLICT judged. When that row was
+// inserted after the snapshot it is not visible at all and the statement
+// returns no row; the caller runs it again (see claimRetries).
+//
+// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
+const claimSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+ins AS (
+	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
+		lease_until, grace, expires_at, checkpoints, result, created_at)
+	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
+		c.now + $4::bigint * interval '1 microsecond',
+		$5::bigint * interval '1 microsecond',
+		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
+		NULL, NULL, c.now
+	FROM c
+	ON CONFLICT (key) DO UPDATE SET
+		fingerprint = EXCLUDED.fingerprint,
+		state = 'started',
+		token = EXCLUDED.token,
+		fence = CASE WHEN r.expires_at > EXCLUDED.created_at AND r.token = EXCLUDED.token
+			THEN r.fence ELSE EXCLUDED.fence END,
+		attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1
+			WHEN r.token = EXCLUDED.token THEN r.attempt ELSE r.attempt + 1 END,
+		lease_until = EXCLUDED.lease_until,
+		grace = EXCLUDED.grace,
+		expires_at = EXCLUDED.expires_at,
+		checkpoints = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN NULL ELSE r.checkpoints END,
+		result = NULL,
+		created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN EXCLUDED.created_at ELSE r.created_at END
+	WHERE r.expires_at <= EXCLUDED.created_at
+		OR (r.state = 'started' AND r.fingerprint = EXCLUDED.fingerprint
+			AND (r.lease_until <= EXCLUDED.created_at OR r.token = EXCLUDED.token))
+	RETURNING r.fence, r.attempt, r.checkpoints
+),
+cur AS (
+	SELECT r.fingerprint, r.state, r.token, r.fence, r.attempt, r.lease_until, r.expires_at, r.result
+	FROM {T} AS r
+	WHERE r.key = $1::text AND NOT EXISTS (SELECT FROM ins)
+	FOR SHARE
+)
+SELECT true, ins.fence, ins.attempt, ins.checkpoints::text,
+	NULL::text, NULL::text, 0::bigint, NULL::bytea, false
+FROM ins
+UNION ALL
+SELECT false, cur.fence, cur.attempt, NULL::text,
+	cur.fingerprint, cur.state,
+	GREATEST(0, ceil(extract(epoch FROM cur.lease_until - c.now) * 1000000))::bigint,
+	cur.result,
+	cur.expires_at <= c.now OR (cur.state = 'started' AND cur.fingerprint = $2::text
+		AND (cur.lease_until <= c.now OR cur.token = $3::text))
+FROM cur, c`
+
+// $1 key, $2 token, $3 lease µs.
+const renewSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE {T} AS r SET
+	lease_until = c.now + $3::bigint * interval '1 microsecond',
+	expires_at = c.now + $3::bigint * interval '1 microsecond' + r.grace
+FROM c
+WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now`
+
+// $1 key, $2 token, $3 name, $4 value. Values are kept base64 in a jsonb
+// object, which encoding/json decodes straight into map[string][]byte.
+const checkpointSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE {T} AS r SET
+	checkpoints = coalesce(r.checkpoints, '{}'::jsonb) ||
+		jsonb_build_object($3::text, translate(encode(coalesce($4::bytea, ''::bytea), 'base64'), E'\n', ''))
+FROM c
+WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now`
+
+// $1 key, $2 token, $3 result, $4 retention µs. Returns whether the
+// record is (now, or already was) COMPLETED under the token.
+const completeSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+upd AS (
+	UPDATE {T} AS r SET
+		state = 'completed',
+		result = coalesce($3::bytea, ''::bytea),
+		checkpoints = NULL,
+		lease_until = c.now,
+		expires_at = c.now + $4::bigint * interval '1 microsecond'
+	FROM c
+	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM upd) OR EXISTS (
+	SELECT FROM {T} AS r, c
+	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'completed' AND r.expires_at > c.now)`
+
+// completeTxSQL completes a record claimed earlier in the same
+// transaction. The transaction holds the row's lock since the claim, so no
+// one can have taken it over, and its lease (which nobody else could see)
+// does not matter: fn may have run for longer than it.
+// $1 key, $2 token, $3 result, $4 retention µs.
+const completeTxSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE {T} AS r SET
+	state = 'completed',
+	result = coalesce($3::bytea, ''::bytea),
+	checkpoints = NULL,
+	lease_until = c.now,
+	expires_at = c.now + $4::bigint * interval '1 microsecond'
+FROM c
+WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
+
+// $1 key, $2 token. Returns true when the record is gone: deleted now, or
+// absent or expired already.
+const releaseSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+del AS (
+	DELETE FROM {T} AS r USING c
+	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
+	SELECT FROM {T} AS r, c WHERE r.key = $1::text AND r.expires_at > c.now)`
+
+// One batch of the sweep: the oldest expired rows that no one holds
+// locked. Rows locked by a concurrent sweeper (or claim) are skipped, so
+// several sweepers divide the work instead of queueing. The subquery makes
+// the clock a constant, so the expires_at index is used.
+// $1 batch size.
+const sweepSQL = `
+DELETE FROM {T}
+WHERE key IN (
+	SELECT key FROM {T}
+	WHERE expires_at <= (SELECT clock_timestamp())
+	ORDER BY expires_at
+	LIMIT $1::bigint
+	FOR UPDATE SKIP LOCKED)
+AND expires_at <= (SELECT clock_timestamp())`
+
+func buildStatements(n objectNames) statements {
+	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq)
+	return statements{
+		claim:      r.Replace(claimSQL),
+		renew:      r.Replace(renewSQL),
+		checkpoint: r.Replace(checkpointSQL),
+		complete:   r.Replace(completeSQL),
+		completeTx: r.Replace(completeTxSQL),
+		release:    r.Replace(releaseSQL),
+		sweep:      r.Replace(sweepSQL),
+	}
+}

@@ -1,0 +1,228 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/jackc/pgx/v5"
+)
+
+// claimRetries bounds how often Claim runs its statement again when the
+// row it conflicted with was committed after the statement's snapshot (see
+// claimSQL). A second run sees it; more than a few means the key is being
+// created and deleted continuously.
+const claimRetries = 8
+
+// Claim decides atomically, in one statement, whether the request may run:
+// see [idempotency.Store.Claim].
+func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	if err := checkClaim(r); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	return s.claim(ctx, s.db, r)
+}
+
+func checkClaim(r idempotency.ClaimRequest) error {
+	switch {
+	case r.Key == "":
+		return fmt.Errorf("%w: postgres: empty key", idempotency.ErrInvalidArgument)
+	case r.Token == "":
+		return fmt.Errorf("%w: postgres: empty token", idempotency.ErrInvalidArgument)
+	case r.Lease <= 0:
+		return fmt.Errorf("%w: postgres: lease must be positive, got %v", idempotency.ErrInvalidArgument, r.Lease)
+	case r.Grace < 0:
+		return fmt.Errorf("%w: postgres: grace must not be negative, got %v", idempotency.ErrInvalidArgument, r.Grace)
+	}
+	return nil
+}
+
+func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	for range claimRetries {
+		res, ok, err := s.claimOnce(ctx, db, r)
+		if err != nil || ok {
+			return res, err
+		}
+	}
+	return idempotency.ClaimResult{}, fmt.Errorf("postgres: claim: the row of key %q kept changing under the statement %d times; try again", r.Key, claimRetries)
+}
+
+// claimOnce runs the claim statement. ok is false when the statement could
+// not see the row it conflicted with and must run again.
+func (s *Store) claimOnce(ctx context.Context, db DB, r idempotency.ClaimRequest) (res idempotency.ClaimResult, ok bool, err error) {
+	row := db.QueryRow(ctx, s.sql.claim, r.Key, string(r.Fingerprint), string(r.Token), micros(r.Lease), micros(r.Grace))
+	return s.scanClaim(ctx, row, r)
+}
+
+// scanClaim reads the claim statement's row into a result.
+func (s *Store) scanClaim(ctx context.Context, row pgx.Row, r idempotency.ClaimRequest) (res idempotency.ClaimResult, ok bool, err error) {
+	var (
+		acquired, stale    bool
+		attempt            int32
+		checkpoints        *string
+		fingerprint, state *string
+		retryAfterMicros   int64
+		result             []byte
+	)
+	err = row.Scan(&acquired, &res.Fence, &attempt, &checkpoints, &fingerprint, &state, &retryAfterMicros, &result, &stale)
+	if err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return res, false, nil
+		}
+		return res, false, wrapErr(ctx, "claim", err)
+	}
+	res.Attempt = int(attempt)
+	switch {
+	case acquired:
+		res.Outcome = idempotency.OutcomeAcquired
+		if checkpoints != nil {
+			if err := json.Unmarshal([]byte(*checkpoints), &res.Checkpoints); err != nil {
+				return res, false, fmt.Errorf("postgres: claim: corrupt checkpoints of key %q: %w", r.Key, err)
+			}
+		}
+	case stale:
+		// The row we read is one ON CONFLICT would have taken: it changed
+		// between the two parts of the statement. Decide again.
+		return res, false, nil
+	case fingerprint == nil || state == nil:
+		return res, false, fmt.Errorf("postgres: claim: incomplete row for key %q", r.Key)
+	case *fingerprint != string(r.Fingerprint):
+		res.Outcome = idempotency.OutcomeMismatch
+	case *state == string(idempotency.StateCompleted):
+		res.Outcome = idempotency.OutcomeReplay
+		res.Result = result
+		if res.Result == nil {
+			res.Result = []byte{}
+		}
+	default:
+		res.Outcome = idempotency.OutcomeInProgress
+		res.RetryAfter = time.Duration(retryAfterMicros) * time.Microsecond
+	}
+	return res, true, nil
+}
+
+// Renew extends the lease held under token: see [idempotency.Store.Renew].
+func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("%w: postgres: lease must be positive, got %v", idempotency.ErrInvalidArgument, lease)
+	}
+	tag, err := s.db.Exec(ctx, s.sql.renew, key, string(token), micros(lease))
+	if err != nil {
+		return wrapErr(ctx, "renew", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Checkpoint stores a recovery point in the record held under token: see
+// [idempotency.Store.Checkpoint]. A value larger than the store's
+// MaxValueSize gets [idempotency.ErrTooLarge] and nothing is written.
+func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
+	if len(value) > s.opts.MaxValueSize {
+		return s.tooLarge("checkpoint", len(value))
+	}
+	tag, err := s.db.Exec(ctx, s.sql.checkpoint, key, string(token), name, nonNil(value))
+	if err != nil {
+		return wrapErr(ctx, "checkpoint", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Complete records result in the record held under token: see
+// [idempotency.Store.Complete]. A result larger than the store's
+// MaxValueSize gets [idempotency.ErrTooLarge] and nothing is written.
+func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
+	if len(result) > s.opts.MaxValueSize {
+		return s.tooLarge("complete", len(result))
+	}
+	if retention <= 0 {
+		return fmt.Errorf("%w: postgres: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
+	}
+	var done bool
+	err := s.db.QueryRow(ctx, s.sql.complete, key, string(token), nonNil(result), micros(retention)).Scan(&done)
+	if err != nil {
+		return wrapErr(ctx, "complete", err)
+	}
+	if !done {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Release deletes the STARTED record held under token: see
+// [idempotency.Store.Release].
+func (s *Store) Release(ctx context.Context, key string, token idempotency.Token) error {
+	var gone bool
+	if err := s.db.QueryRow(ctx, s.sql.release, key, string(token)).Scan(&gone); err != nil {
+		return wrapErr(ctx, "release", err)
+	}
+	if !gone {
+		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// Sweep deletes up to limit expired rows (limit <= 0: all of them), in
+// statements of at most SweepBatch rows each, and reports how many it
+// deleted. Each batch locks its rows with FOR UPDATE SKIP LOCKED, so
+// sweepers on several instances share the work without blocking each other
+// or a claim. It never deletes a live row: expiry is judged by the
+// server's clock. Run it periodically (see the README); correctness never
+// depends on it.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	total := 0
+	for limit <= 0 || total < limit {
+		n := s.opts.SweepBatch
+		if limit > 0 {
+			n = min(n, limit-total)
+		}
+		tag, err := s.db.Exec(ctx, s.sql.sweep, int64(n))
+		if err != nil {
+			return total, wrapErr(ctx, "sweep", err)
+		}
+		got := int(tag.RowsAffected())
+		total += got
+		// Fewer than asked: nothing expired is left but rows other
+		// sweepers hold (they will delete them).
+		if got < n {
+			break
+		}
+	}
+	return total, nil
+}
+
+func (s *Store) tooLarge(op string, n int) error {
+	return fmt.Errorf("%w: postgres: %s: %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, op, n, s.opts.MaxValueSize)
+}
+
+// micros converts d to whole microseconds, rounding up so that a positive
+// duration never becomes zero, and capping it where timestamps would
+// overflow.
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	const maxMicros = math.MaxInt64 / 1000 / 4
+	us := (int64(d) + 999) / 1000
+	if d > math.MaxInt64-999 {
+		us = math.MaxInt64 / 1000
+	}
+	return min(us, maxMicros)
+}
+
+// nonNil keeps an empty value from being sent as SQL NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
