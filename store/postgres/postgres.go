@@ -78,9 +78,6 @@ type Options struct {
 	// transaction ends (or ctx is done), then replays its result or, if it
 	// rolled back, runs fn. Default: 0.
 	TxLockWait time.Duration
-	// TxRetention is how long a result recorded by [DoTx] is kept and
-	// replayed. Default: [idempotency.DefaultRetention].
-	TxRetention time.Duration
 }
 
 // Store is an [idempotency.Store] and [idempotency.Sweeper] on a PostgreSQL
@@ -133,9 +130,6 @@ func withDefaults(opts *Options) (Options, error) {
 	if o.SweepBatch == 0 {
 		o.SweepBatch = DefaultSweepBatch
 	}
-	if o.TxRetention == 0 {
-		o.TxRetention = idempotency.DefaultRetention
-	}
 	invalid := func(format string, args ...any) (Options, error) {
 		return o, fmt.Errorf("%w: postgres: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
 	}
@@ -150,8 +144,6 @@ func withDefaults(opts *Options) (Options, error) {
 		return invalid("SweepBatch must be positive, got %d", o.SweepBatch)
 	case o.TxLockWait < 0:
 		return invalid("TxLockWait must not be negative, got %v", o.TxLockWait)
-	case o.TxRetention < 0:
-		return invalid("TxRetention must be positive, got %v", o.TxRetention)
 	}
 	return o, nil
 }

@@ -24,11 +24,6 @@ const (
 	savepointFn    = "idempotency_fn"
 )
 
-// notStoredMarker is the stored result that replays as
-// idempotency.ErrResultNotStored: the persisted value of the root package's
-// resultNotStored (state.go), which is fixed forever.
-var notStoredMarker = []byte{'x'}
-
 // DoTx runs fn at most once for req inside the caller's transaction tx: it
 // claims the key in tx, runs fn(ctx, tx), and records fn's result in tx.
 // The key, fn's writes and the result commit together when the caller
@@ -90,7 +85,7 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 		// Nobody sees the row before tx commits, and then it is COMPLETED,
 		// so the lease only matters if the caller commits a claim DoTx
 		// did not finish (it never does).
-		Lease: idempotency.DefaultLease,
+		Lease: r.Lease(),
 	}
 	out, err := s.claimTx(ctx, tx, cr)
 	if err != nil {
@@ -102,16 +97,25 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 			return res, &idempotency.StoreError{Op: "claim", Err: wrapErr(ctx, "release savepoint", err)}
 		}
 	}
+	ev := idempotency.Event{Key: key, Fence: out.Fence, Attempt: out.Attempt}
+	observe := func(kind idempotency.EventKind, err error) {
+		ev.Kind, ev.Err = kind, err
+		r.Observe(ctx, ev)
+	}
 	switch out.Outcome {
 	case idempotency.OutcomeReplay:
+		observe(idempotency.EventReplayed, nil)
 		res.Replayed = true
 		res.Value, err = idempotency.DecodeOutcome[T](r, out.Result)
 		return res, err
 	case idempotency.OutcomeMismatch:
+		observe(idempotency.EventMismatch, nil)
 		return res, idempotency.ErrMismatch
 	case idempotency.OutcomeInProgress:
+		observe(idempotency.EventInProgress, nil)
 		return res, &idempotency.InProgressError{RetryAfter: out.RetryAfter}
 	}
+	observe(idempotency.EventAcquired, nil)
 
 	// Acquired: run fn. Cleanup statements run even when ctx is canceled
 	// (tx is still the caller's to commit or roll back).
@@ -134,18 +138,22 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 		cctx, cancel := cleanup()
 		defer cancel()
 		if err := undoClaim(cctx, tx); err != nil {
+			observe(idempotency.EventStoreError, err)
 			return res, fmt.Errorf("%w (and undoing the claim failed, so roll the transaction back: %w)", fnErr, err)
 		}
+		observe(idempotency.EventReleased, fnErr)
 		return res, fnErr
 	}
 	if fnErr == nil && len(stored) > s.opts.MaxValueSize {
 		// The runner's limit is larger than the store's: as Do does, keep
 		// a marker so a retry fails clearly instead of running fn again.
-		stored = notStoredMarker
+		stored = idempotency.NotStoredMarker()
 	}
-	if err := s.completeTx(ctx, tx, key, cr.Token, stored, fnErr != nil); err != nil {
+	if err := s.completeTx(ctx, tx, key, cr.Token, stored, r.Retention(), fnErr != nil); err != nil {
+		observe(idempotency.EventStoreError, err)
 		return res, &idempotency.StoreError{Op: "complete", Ran: true, Err: err}
 	}
+	observe(idempotency.EventCompleted, nil)
 	if fnErr != nil {
 		return res, fnErr
 	}
@@ -229,12 +237,12 @@ func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequ
 // completeTx records stored in the row claimed in tx and releases the
 // savepoints. For a permanent error (undoFn), fn's writes are rolled back
 // first.
-func (s *Store) completeTx(ctx context.Context, tx pgx.Tx, key string, token idempotency.Token, stored []byte, undoFn bool) error {
+func (s *Store) completeTx(ctx context.Context, tx pgx.Tx, key string, token idempotency.Token, stored []byte, retention time.Duration, undoFn bool) error {
 	b := &pgx.Batch{}
 	if undoFn {
 		b.Queue("ROLLBACK TO SAVEPOINT " + savepointFn)
 	}
-	b.Queue(s.sql.completeTx, key, string(token), stored, micros(s.opts.TxRetention))
+	b.Queue(s.sql.completeTx, key, string(token), stored, micros(retention))
 	b.Queue("RELEASE SAVEPOINT " + savepointClaim)
 	br := tx.SendBatch(ctx, b)
 	var err error
