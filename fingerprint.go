@@ -57,16 +57,15 @@ func FingerprintJSON(v any) (Fingerprint, error) {
 // body's fingerprint) without ambiguity: each part is length-prefixed, so
 // ("ab", "c") and ("a", "bc") differ.
 func FingerprintParts(parts ...string) Fingerprint {
-	h := sha256.New()
-	var n [20]byte
+	// One buffer, on the stack for the usual few short parts, and one
+	// hash over it: no copy per part through the hash.Hash interface.
+	var stack [512]byte
+	b := stack[:0]
 	for _, p := range parts {
-		b := appendLenPrefix(n[:0], len(p))
-		h.Write(b)
-		h.Write([]byte(p))
+		b = appendLenPrefix(b, len(p))
+		b = append(b, p...)
 	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return hashFingerprint(sum)
+	return hashFingerprint(sha256.Sum256(b))
 }
 
 func hashFingerprint(sum [sha256.Size]byte) Fingerprint {

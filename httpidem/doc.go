@@ -1,0 +1,21 @@
+// Package httpidem brings idempotency keys to HTTP: a net/http server
+// middleware that de-duplicates requests carrying an Idempotency-Key
+// header, and a client [Transport] that retries such requests safely.
+//
+// It follows the IETF HTTPAPI draft "The Idempotency-Key HTTP Header
+// Field" and Stripe's documented behaviour. On the server, [New] wraps a
+// handler so that a client retrying POST /payments with the same key gets
+// the first response replayed (with Idempotent-Replayed: true) instead of
+// a second charge; a concurrent duplicate gets 409, a key reused for a
+// different request 422, and every error is an RFC 9457 problem. On the
+// client, [Transport] retries a keyed request after network errors, 5xx,
+// 429 and 409, with exponential backoff, full jitter and Retry-After;
+// [NewKey] makes the one key of a user intent that every attempt reuses.
+//
+// The middleware runs on an [idempotency.Runner], so it works on any
+// store: the in-memory one for a single process and tests, PostgreSQL,
+// Redis, etcd or MongoDB for a fleet. Because it is a plain
+// func(http.Handler) http.Handler, it fits chi, gorilla/mux and echo
+// (echo.WrapMiddleware) directly, and gin by wrapping the engine; the
+// examples module shows each.
+package httpidem

@@ -1,0 +1,85 @@
+package httpidem
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// The problem types of the middleware's error responses (RFC 9457
+// application/problem+json). Each URI leads to its own documentation.
+const (
+	problemBase = "https://pkg.go.dev/github.com/exactlyonce/idempotency/httpidem#"
+
+	// ProblemKeyMissing (400): the route requires an idempotency key and
+	// the request has none. Send one, made once per user intent.
+	ProblemKeyMissing = problemBase + "ProblemKeyMissing"
+	// ProblemKeyMalformed (400): the key header is repeated, is an
+	// unterminated or invalid RFC 8941 string, or the key breaks the
+	// length, character or validator rules.
+	ProblemKeyMalformed = problemBase + "ProblemKeyMalformed"
+	// ProblemBodyTooLarge (413): the request body is larger than the
+	// middleware reads. Nothing was claimed.
+	ProblemBodyTooLarge = problemBase + "ProblemBodyTooLarge"
+	// ProblemBadRequest (400): the request body could not be read or
+	// fingerprinted. Nothing was claimed.
+	ProblemBadRequest = problemBase + "ProblemBadRequest"
+	// ProblemInProgress (409): a request with the same key is being
+	// processed. Retry after the Retry-After header's delay, with the
+	// same key: the retry gets its response.
+	ProblemInProgress = problemBase + "ProblemInProgress"
+	// ProblemKeyReused (422): the key was used before with a different
+	// request (method, path, query or body). The first response is never
+	// given for another request; use a new key for a new intent.
+	ProblemKeyReused = problemBase + "ProblemKeyReused"
+	// ProblemResponseNotStored (410): the request with this key was
+	// processed (its effect happened), but its response was too large to
+	// store, so it cannot be replayed, and the request is not run again.
+	ProblemResponseNotStored = problemBase + "ProblemResponseNotStored"
+	// ProblemStoreUnavailable (503): the idempotency store could not be
+	// reached, so the request was not processed. Retry with the same key.
+	ProblemStoreUnavailable = problemBase + "ProblemStoreUnavailable"
+	// ProblemInternal (500): the stored response could not be read, or the
+	// request failed in a way the middleware cannot classify.
+	ProblemInternal = problemBase + "ProblemInternal"
+)
+
+// Problem is an RFC 9457 problem details object, the body of every error
+// response the middleware writes.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// ProblemContentType is the media type of problem responses.
+const ProblemContentType = "application/problem+json"
+
+var problemTitles = map[string]string{
+	ProblemKeyMissing:        "Idempotency key required",
+	ProblemKeyMalformed:      "Malformed idempotency key",
+	ProblemBodyTooLarge:      "Request body too large",
+	ProblemBadRequest:        "Unreadable request",
+	ProblemInProgress:        "A request with this idempotency key is in progress",
+	ProblemKeyReused:         "Idempotency key reused with a different request",
+	ProblemResponseNotStored: "Response of the original request not stored",
+	ProblemStoreUnavailable:  "Idempotency store unavailable",
+	ProblemInternal:          "Internal error",
+}
+
+// writeProblem writes an RFC 9457 response. retryAfter > 0 adds a
+// Retry-After header in whole seconds.
+func writeProblem(w http.ResponseWriter, status int, typ, detail string, retryAfter time.Duration) {
+	body, _ := json.Marshal(Problem{Type: typ, Title: problemTitles[typ], Status: status, Detail: detail})
+	h := w.Header()
+	h.Set("Content-Type", ProblemContentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10))
+	}
+	w.WriteHeader(status)
+	w.Write(body)
+}

@@ -1,0 +1,271 @@
+package httpidem
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// recorder is the ResponseWriter the handler writes to. It buffers the
+// response so that it can be stored before any byte reaches the client
+// (a client never sees a response whose record was not written), up to
+// limit bytes of body; beyond that it sends what it has and streams the
+// rest, and only a marker is stored.
+type recorder struct {
+	in     bodyReader // the request body handed to the handler
+	w      http.ResponseWriter
+	header http.Header
+	limit  int
+
+	status  int // 0 until the final header is written
+	body    []byte
+	inline  [256]byte // body's first storage: most responses are small
+	direct  bool      // the response goes straight to w: too large to store
+	flushed bool      // the response has been written to w
+}
+
+// bodyReader is the request body as the handler reads it, kept in the
+// recorder to save allocations.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+func (rec *recorder) Header() http.Header { return rec.header }
+
+func (rec *recorder) WriteHeader(code int) {
+	if rec.status != 0 {
+		return // like net/http: only the first final status counts
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational responses (103 Early Hints) go out at once and are
+		// not part of what is stored.
+		copyHeader(rec.w.Header(), rec.header)
+		rec.w.WriteHeader(code)
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("httpidem: invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	rec.status = code
+}
+
+func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.status == 0 {
+		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.direct {
+		return rec.w.Write(p)
+	}
+	if len(rec.body)+len(p) > rec.limit {
+		rec.goDirect()
+		return rec.w.Write(p)
+	}
+	rec.body = append(rec.body, p...)
+	return len(p), nil
+}
+
+// WriteString lets io.WriteString avoid a conversion.
+func (rec *recorder) WriteString(s string) (int, error) {
+	if rec.status == 0 {
+		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.direct || len(rec.body)+len(s) > rec.limit {
+		if !rec.direct {
+			rec.goDirect()
+		}
+		return io.WriteString(rec.w, s)
+	}
+	rec.body = append(rec.body, s...)
+	return len(s), nil
+}
+
+// Flush is a no-op while the response is buffered (it must be stored
+// before the client sees it) and flushes once the response streams.
+func (rec *recorder) Flush() {
+	if rec.direct {
+		http.NewResponseController(rec.w).Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController access to the connection's
+// deadlines.
+func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
+
+// goDirect sends the buffered part and switches to streaming.
+func (rec *recorder) goDirect() {
+	rec.direct = true
+	rec.flushed = true
+	copyHeader(rec.w.Header(), rec.header)
+	rec.w.WriteHeader(rec.status)
+	if len(rec.body) > 0 {
+		rec.w.Write(rec.body)
+	}
+	rec.body = nil
+}
+
+// finish completes the response after the handler returned.
+func (rec *recorder) finish() {
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	if _, ok := rec.header["Content-Type"]; !ok && len(rec.body) > 0 && bodyAllowed(rec.status) {
+		// What net/http would sniff, so the stored response says it too.
+		rec.header.Set("Content-Type", http.DetectContentType(rec.body))
+	}
+}
+
+// flush writes the buffered response to the client (once).
+func (rec *recorder) flush() {
+	if rec.flushed {
+		return
+	}
+	rec.flushed = true
+	copyHeader(rec.w.Header(), rec.header)
+	writeBody(rec.w, rec.status, rec.body)
+}
+
+func writeBody(w http.ResponseWriter, status int, body []byte) {
+	if bodyAllowed(status) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.WriteHeader(status)
+	if len(body) > 0 && bodyAllowed(status) {
+		w.Write(body)
+	}
+}
+
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified && status >= 200
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+}
+
+// The stored form of a response, the T of Do. Version 1:
+//
+//	byte    version (1)
+//	byte    flags: flagTooLarge when only the status was kept
+//	uvarint status
+//	uvarint number of header values, then for each:
+//	        uvarint len, name, uvarint len, value
+//	rest    body
+//
+// A compact binary form rather than a JSON object: it is the codec's
+// input, so a replaceable codec (encryption, redaction) still sees every
+// byte, and it costs a fraction of encoding/json's allocations.
+const (
+	storedVersion = 1
+	flagTooLarge  = 1
+)
+
+var errCorruptResponse = errors.New("httpidem: stored response is corrupt")
+
+// encode returns the stored form of the recorded response: its status,
+// the allowed headers and the body, or only the status and a flag when
+// the body went straight to the client.
+func (rec *recorder) encode(allowed map[string]string) []byte {
+	var flags byte
+	body := rec.body
+	if rec.direct {
+		flags, body = flagTooLarge, nil
+	}
+	n, size := 0, 2+binary.MaxVarintLen64*2+len(body)
+	if !rec.direct {
+		for k, vs := range rec.header {
+			if _, ok := allowed[k]; ok {
+				for _, v := range vs {
+					n++
+					size += 2*binary.MaxVarintLen64 + len(k) + len(v)
+				}
+			}
+		}
+	}
+	b := make([]byte, 0, size)
+	b = append(b, storedVersion, flags)
+	b = binary.AppendUvarint(b, uint64(rec.status))
+	b = binary.AppendUvarint(b, uint64(n))
+	if n > 0 {
+		for k, vs := range rec.header {
+			if _, ok := allowed[k]; ok {
+				for _, v := range vs {
+					b = binary.AppendUvarint(b, uint64(len(k)))
+					b = append(b, k...)
+					b = binary.AppendUvarint(b, uint64(len(v)))
+					b = append(b, v...)
+				}
+			}
+		}
+	}
+	return append(b, body...)
+}
+
+// stored is a decoded stored response.
+type stored struct {
+	status   int
+	tooLarge bool
+	body     []byte
+}
+
+// decodeStored decodes a stored response, adding its headers to h; names
+// found in names (the allowlist) are shared rather than copied.
+func decodeStored(b []byte, h http.Header, names map[string]string) (stored, error) {
+	var s stored
+	if len(b) < 2 || b[0] != storedVersion {
+		return s, errCorruptResponse
+	}
+	s.tooLarge = b[1]&flagTooLarge != 0
+	b = b[2:]
+	status, k := binary.Uvarint(b)
+	if k <= 0 || status < 100 || status > 999 {
+		return s, errCorruptResponse
+	}
+	s.status = int(status)
+	b = b[k:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)) {
+		return s, errCorruptResponse
+	}
+	b = b[k:]
+	var values []string
+	if n > 0 {
+		values = make([]string, n)
+	}
+	for i := range values {
+		name, rest, ok := readBytes(b)
+		if !ok {
+			return s, errCorruptResponse
+		}
+		value, rest, ok := readBytes(rest)
+		if !ok {
+			return s, errCorruptResponse
+		}
+		b = rest
+		values[i] = string(value)
+		key, ok := names[string(name)]
+		if !ok {
+			key = string(name)
+		}
+		if old, ok := h[key]; ok {
+			h[key] = append(old, values[i])
+		} else {
+			h[key] = values[i : i+1 : i+1]
+		}
+	}
+	s.body = b
+	return s, nil
+}
+
+func readBytes(b []byte) ([]byte, []byte, bool) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, nil, false
+	}
+	b = b[k:]
+	return b[:n], b[n:], true
+}

@@ -1,0 +1,424 @@
+package httpidem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/httpidem"
+)
+
+// fakeTime is a clock that only moves when the transport sleeps, so
+// waits are measured exactly, without wall-clock assertions.
+type fakeTime struct {
+	mu     sync.Mutex
+	now    time.Time
+	sleeps []time.Duration
+	real   time.Duration // also sleep for real, at most this long
+}
+
+func newFakeTime() *fakeTime { return &fakeTime{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (f *fakeTime) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fakeTime) Sleep(ctx context.Context, d time.Duration) error {
+	f.mu.Lock()
+	f.sleeps = append(f.sleeps, d)
+	f.now = f.now.Add(d)
+	real := min(d, f.real)
+	f.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if real > 0 {
+		time.Sleep(real)
+	}
+	return ctx.Err()
+}
+
+func (f *fakeTime) Sleeps() []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Duration(nil), f.sleeps...)
+}
+
+func (f *fakeTime) transport(base http.RoundTripper) *httpidem.Transport {
+	return &httpidem.Transport{Base: base, Sleep: f.Sleep, Now: f.Now}
+}
+
+func post(t *testing.T, rt http.RoundTripper, url, key, body string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		httpidem.SetKey(req, key)
+	}
+	resp, err := (&http.Client{Transport: rt}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// statusServer answers attempt n (from 1) with statuses[n-1], and the
+// last status from then on, recording keys and bodies.
+type statusServer struct {
+	statuses   []int
+	retryAfter string
+	attempts   atomic.Int64
+	mu         sync.Mutex
+	keys       []string
+	bodies     []string
+}
+
+func (s *statusServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := int(s.attempts.Add(1))
+	b, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	s.keys = append(s.keys, r.Header.Get("Idempotency-Key"))
+	s.bodies = append(s.bodies, string(b))
+	s.mu.Unlock()
+	status := s.statuses[min(n, len(s.statuses))-1]
+	if status >= 400 && s.retryAfter != "" {
+		w.Header().Set("Retry-After", s.retryAfter)
+	}
+	w.WriteHeader(status)
+	fmt.Fprintf(w, "attempt %d", n)
+}
+
+// The server fails twice (503 with Retry-After), then succeeds: one
+// effect, the same key and body on every attempt, and each wait at least
+// the Retry-After.
+func TestTransportFailsTwiceThenSucceeds(t *testing.T) {
+	var effects, runs atomic.Int64
+	keys := make(chan string, 10)
+	h := wrap(t, newRunner(t, nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if string(body) != `{"amount":42}` {
+			t.Errorf("attempt body %q: not rewound", body)
+		}
+		keys <- r.Header.Get("Idempotency-Key")
+		if runs.Add(1) <= 2 {
+			w.Header().Set("Retry-After", "3")
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		effects.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	clock := newFakeTime()
+	tr := clock.transport(nil)
+	tr.Jitter = func(d time.Duration) time.Duration { return d / 2 }
+	key := httpidem.NewKey()
+	resp, body := post(t, tr, srv.URL+"/payments", key, `{"amount":42}`)
+	if resp.StatusCode != 201 || body != "charged" {
+		t.Fatalf("final %d %q", resp.StatusCode, body)
+	}
+	if effects.Load() != 1 || runs.Load() != 3 {
+		t.Fatalf("effects %d, runs %d; want 1 and 3", effects.Load(), runs.Load())
+	}
+	close(keys)
+	for k := range keys {
+		if k != key {
+			t.Fatalf("attempt key %q, want %q every time", k, key)
+		}
+	}
+	sleeps := clock.Sleeps()
+	if len(sleeps) != 2 {
+		t.Fatalf("waits %v, want 2", sleeps)
+	}
+	for _, d := range sleeps {
+		if d < 3*time.Second {
+			t.Fatalf("waits %v: Retry-After 3s not respected", sleeps)
+		}
+	}
+	// A retry with the same key is replayed by the server, not run again.
+	resp, body = post(t, tr, srv.URL+"/payments", key, `{"amount":42}`)
+	if resp.Header.Get("Idempotent-Replayed") != "true" || body != "charged" || effects.Load() != 1 {
+		t.Fatalf("replay: %q %q effects %d", resp.Header.Get("Idempotent-Replayed"), body, effects.Load())
+	}
+}
+
+func TestTransportRetriesRetryableStatuses(t *testing.T) {
+	for _, status := range []int{500, 502, 503, 504, 429, 409} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			s := &statusServer{statuses: []int{status, status, 200}}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			clock := newFakeTime()
+			resp, body := post(t, clock.transport(nil), srv.URL, "k", "b")
+			if resp.StatusCode != 200 || body != "attempt 3" || s.attempts.Load() != 3 {
+				t.Fatalf("%d %q after %d attempts", resp.StatusCode, body, s.attempts.Load())
+			}
+			for i, b := range s.bodies {
+				if b != "b" || s.keys[i] != "k" {
+					t.Fatalf("attempt %d: key %q body %q", i+1, s.keys[i], b)
+				}
+			}
+		})
+	}
+}
+
+func TestTransportNeverRetriesOther4xx(t *testing.T) {
+	for _, status := range []int{400, 401, 403, 404, 410, 413, 422} {
+		s := &statusServer{statuses: []int{status, 200}}
+		srv := httptest.NewServer(s)
+		clock := newFakeTime()
+		resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+		srv.Close()
+		if resp.StatusCode != status || s.attempts.Load() != 1 || len(clock.Sleeps()) != 0 {
+			t.Fatalf("%d: got %d after %d attempts, want no retry", status, resp.StatusCode, s.attempts.Load())
+		}
+	}
+}
+
+func TestTransportNetworkError(t *testing.T) {
+	var attempts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if attempts.Add(1) <= 2 {
+			// The connection dies before any response.
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	clock := newFakeTime()
+	resp, body := post(t, clock.transport(nil), srv.URL, "k", `{}`)
+	if resp.StatusCode != 200 || body != "ok" || attempts.Load() != 3 {
+		t.Fatalf("%d %q after %d attempts", resp.StatusCode, body, attempts.Load())
+	}
+}
+
+func TestTransportBoundedAttempts(t *testing.T) {
+	s := &statusServer{statuses: []int{503}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(nil)
+	tr.MaxAttempts = 4
+	resp, body := post(t, tr, srv.URL, "k", "b")
+	if resp.StatusCode != 503 || body != "attempt 4" || s.attempts.Load() != 4 || len(clock.Sleeps()) != 3 {
+		t.Fatalf("%d %q after %d attempts, %d waits; want the 4th 503 and 3 waits",
+			resp.StatusCode, body, s.attempts.Load(), len(clock.Sleeps()))
+	}
+}
+
+func TestTransportBackoffAndElapsed(t *testing.T) {
+	s := &statusServer{statuses: []int{500}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(nil)
+	tr.MaxAttempts = 100
+	tr.MaxElapsed = 2 * time.Second
+	tr.MinBackoff = 100 * time.Millisecond
+	tr.MaxBackoff = 400 * time.Millisecond
+	tr.Jitter = func(d time.Duration) time.Duration { return d } // the top of each range
+	resp, _ := post(t, tr, srv.URL, "k", "b")
+	// 100+200+400+400+400+400 = 1.9s; one more 400ms would pass 2s.
+	want := []time.Duration{100, 200, 400, 400, 400, 400}
+	got := clock.Sleeps()
+	if resp.StatusCode != 500 || len(got) != len(want) || s.attempts.Load() != int64(len(want)+1) {
+		t.Fatalf("waits %v after %d attempts, want %v ms", got, s.attempts.Load(), want)
+	}
+	for i := range want {
+		if got[i] != want[i]*time.Millisecond {
+			t.Fatalf("waits %v, want %v ms", got, want)
+		}
+	}
+}
+
+func TestTransportFullJitter(t *testing.T) {
+	s := &statusServer{statuses: []int{500}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(nil)
+	tr.MaxAttempts = 40
+	tr.MaxElapsed = time.Hour
+	tr.MinBackoff = time.Second
+	tr.MaxBackoff = time.Second
+	post(t, tr, srv.URL, "k", "b")
+	sleeps := clock.Sleeps()
+	distinct := map[time.Duration]bool{}
+	for _, d := range sleeps {
+		if d < 0 || d > time.Second {
+			t.Fatalf("wait %v outside [0, 1s]", d)
+		}
+		distinct[d] = true
+	}
+	if len(sleeps) != 39 || len(distinct) < 30 {
+		t.Fatalf("%d waits, %d distinct: not jittered", len(sleeps), len(distinct))
+	}
+}
+
+func TestTransportRetryAfterBeyondBudget(t *testing.T) {
+	for _, ra := range []string{"120", time.Date(2026, 1, 1, 0, 2, 0, 0, time.UTC).Format(http.TimeFormat)} {
+		s := &statusServer{statuses: []int{429, 200}, retryAfter: ra}
+		srv := httptest.NewServer(s)
+		clock := newFakeTime()
+		tr := clock.transport(nil)
+		tr.MaxElapsed = time.Minute
+		resp, _ := post(t, tr, srv.URL, "k", "b")
+		srv.Close()
+		// Waiting two minutes would break the one-minute budget: the 429
+		// is returned at once, for the caller to decide.
+		if resp.StatusCode != 429 || s.attempts.Load() != 1 || len(clock.Sleeps()) != 0 {
+			t.Fatalf("Retry-After %q: %d after %d attempts, waits %v", ra, resp.StatusCode, s.attempts.Load(), clock.Sleeps())
+		}
+	}
+	// An HTTP-date Retry-After within the budget is waited for.
+	s := &statusServer{statuses: []int{503, 200}, retryAfter: time.Date(2026, 1, 1, 0, 0, 7, 0, time.UTC).Format(http.TimeFormat)}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+	if resp.StatusCode != 200 || len(clock.Sleeps()) != 1 || clock.Sleeps()[0] < 7*time.Second {
+		t.Fatalf("date Retry-After: %d, waits %v", resp.StatusCode, clock.Sleeps())
+	}
+}
+
+func TestTransportOnlyKeyedRewindableRequests(t *testing.T) {
+	s := &statusServer{statuses: []int{503}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(nil)
+	// No key: the request may not be safe to repeat.
+	if resp, _ := post(t, tr, srv.URL, "", "b"); resp.StatusCode != 503 || s.attempts.Load() != 1 {
+		t.Fatalf("unkeyed: %d after %d attempts", resp.StatusCode, s.attempts.Load())
+	}
+	// A body that cannot be rewound.
+	req, _ := http.NewRequest("POST", srv.URL, io.MultiReader(strings.NewReader("b")))
+	req.GetBody = nil
+	httpidem.SetKey(req, "k")
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || s.attempts.Load() != 2 || len(clock.Sleeps()) != 0 {
+		t.Fatalf("no GetBody: %d attempts", s.attempts.Load())
+	}
+}
+
+func TestTransportContextCanceled(t *testing.T) {
+	s := &statusServer{statuses: []int{503}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	tr := &httpidem.Transport{Sleep: func(ctx context.Context, d time.Duration) error {
+		cancel() // the caller gives up while the transport waits
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader("b"))
+	httpidem.SetKey(req, "k")
+	_, err := (&http.Client{Transport: tr}).Do(req)
+	if !errors.Is(err, context.Canceled) || s.attempts.Load() != 1 {
+		t.Fatalf("err %v after %d attempts, want context.Canceled after 1", err, s.attempts.Load())
+	}
+}
+
+// A client that gives up on a slow attempt retries; the server runs the
+// payment once and the retry gets its response.
+func TestTransportAttemptTimeout(t *testing.T) {
+	var runs atomic.Int64
+	srv := httptest.NewServer(wrap(t, newRunner(t, nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		time.Sleep(300 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "payment %d", n)
+	})))
+	defer srv.Close()
+	clock := newFakeTime()
+	clock.real = 50 * time.Millisecond // the 409s' Retry-After is 1s: wait less for real
+	tr := clock.transport(nil)
+	tr.AttemptTimeout = 100 * time.Millisecond
+	tr.MaxAttempts = 50
+	tr.MaxElapsed = time.Hour
+	resp, body := post(t, tr, srv.URL, "k", `{"amount":1}`)
+	if resp.StatusCode != 201 || body != "payment 1" || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("%d %q replayed=%q", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
+	}
+	if runs.Load() != 1 || len(clock.Sleeps()) < 2 {
+		t.Fatalf("runs %d, waits %d", runs.Load(), len(clock.Sleeps()))
+	}
+}
+
+// Ten clients send one intent at once through the transport: one effect,
+// and every client ends with the same 201.
+func TestTransportConcurrentDuplicates(t *testing.T) {
+	var effects atomic.Int64
+	srv := httptest.NewServer(wrap(t, newRunner(t, nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := effects.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "payment %d", n)
+	})))
+	defer srv.Close()
+	clock := newFakeTime()
+	clock.real = 20 * time.Millisecond
+	tr := clock.transport(nil)
+	tr.MaxAttempts = 100
+	tr.MaxElapsed = time.Hour
+	key := httpidem.NewKey()
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			resp, body := post(t, tr, srv.URL, key, `{"amount":3}`)
+			if resp.StatusCode != 201 || body != "payment 1" {
+				t.Errorf("%d %q", resp.StatusCode, body)
+			}
+		})
+	}
+	wg.Wait()
+	if effects.Load() != 1 {
+		t.Fatalf("effects %d", effects.Load())
+	}
+}
+
+func TestNewKey(t *testing.T) {
+	re := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]bool{}
+	for range 1000 {
+		k := httpidem.NewKey()
+		if !re.MatchString(k) || seen[k] {
+			t.Fatalf("key %q: not a fresh v4 UUID", k)
+		}
+		if _, err := idempotency.StorageKey(nil, k); err != nil {
+			t.Fatal(err)
+		}
+		seen[k] = true
+	}
+}
