@@ -1,0 +1,412 @@
+// Package conformancetest checks that an [idempotency.Store] keeps the
+// store contract: atomic claims, fenced writes, leases and takeovers,
+// expiry, repeatable operations, odd keys and canceled contexts. An
+// adapter proves itself with one call in its tests:
+//
+//	func TestConformance(t *testing.T) {
+//		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
+//			return mystore.New(db, &mystore.Options{Now: clock.Now})
+//		}, conformancetest.Capabilities{ControlledClock: true, Sweeper: true})
+//	}
+//
+// A store judged by a server's clock ignores the clock argument and leaves
+// ControlledClock false: the suite then sleeps through short leases, sized
+// from [Capabilities.LeaseResolution], running those cases at the same time.
+//
+// Real-time cases measure time in units of LeaseResolution, at least
+// 200ms; the longest takes about six units (1.2s for a millisecond store,
+// 6s for a one-second one), and they run at the same time. Cases that start
+// thousands of concurrent claims run alone first, so that they do not eat
+// into the timing margins of the others.
+//
+// The cases are kept in one table, each with a one-line statement of the
+// rule it checks, which a failing case prints. Every case builds its keys
+// under a random prefix, so stores that share one database (one server for
+// the whole test binary) need no cleaning between cases. Two cases assume
+// a little of the backend: the Sweep case expects the expired records it
+// made to be deleted by Sweep, not by the backend's own TTL in the same
+// instant, and the Watch case gives Watch 100ms to subscribe before it
+// changes the record.
+//
+// The package imports only the standard library and the idempotency
+// package, so adopting it costs one import.
+package conformancetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+)
+
+// Capabilities declares what a store does beyond the baseline contract.
+// The zero value is the baseline: a store judged by real time with
+// millisecond leases, no Sweeper, no Watcher, and at least 1 MiB values.
+type Capabilities struct {
+	// ControlledClock: newStore wires the *Clock it is given into the
+	// store, so the suite advances it instead of sleeping. False: real
+	// time, the clock argument is ignored.
+	ControlledClock bool
+	// LeaseResolution: the smallest lease the store honours (etcd:
+	// time.Second). Zero means millisecond resolution. Real-time cases size
+	// their leases as small multiples of it.
+	LeaseResolution time.Duration
+	// Sweeper: the store implements idempotency.Sweeper and the suite
+	// checks Sweep.
+	Sweeper bool
+	// Watcher: the store implements idempotency.Watcher and the suite
+	// checks it wakes.
+	Watcher bool
+	// MaxValueSize: the largest result the store is configured to keep;
+	// zero means at least 1 MiB. When set, the suite stores a result of
+	// exactly this size and checks that one byte more gives
+	// idempotency.ErrTooLarge, writing nothing.
+	MaxValueSize int
+}
+
+// minRealUnit is the shortest time unit of real-time cases: long enough
+// that a loaded machine running the race detector answers well within it.
+const minRealUnit = 200 * time.Millisecond
+
+// long is a lease or retention that never ends during a case.
+const long = time.Hour
+
+// testCase is one row of the suite.
+type testCase struct {
+	name string
+	// rule is the one-line statement of the contract the case checks,
+	// printed when it fails.
+	rule string
+	// together cases run at the same time as each other; cases that load
+	// the machine (thousands of goroutines) run alone first, so that the
+	// timing cases keep their margins.
+	together bool
+	// needs reports whether the store declares what the case checks.
+	needs func(Capabilities) (bool, string)
+	run   func(e *env)
+}
+
+// cases is the suite. Every case must be able to fail: conformancetest's
+// own tests run it against deliberately broken stores.
+var cases = []testCase{
+	{name: "fresh_claim", together: true, run: testFreshClaim,
+		rule: "a claim on an absent key acquires it with fence >= 1, attempt 1, no result and no checkpoints"},
+	{name: "replay_exact_bytes", together: true, run: testReplayExactBytes,
+		rule: "a completed record replays its result byte for byte (empty, binary, largest) and shares no memory with the caller"},
+	{name: "too_large", together: true, run: testTooLarge, needs: needsMaxValueSize,
+		rule: "a result above the store's limit gives ErrTooLarge and writes nothing: the record stays STARTED for its holder"},
+	{name: "mismatch", together: true, run: testMismatch,
+		rule: "a different fingerprint gets Mismatch while started, after the lease ends and when completed; never a replay or a takeover"},
+	{name: "in_progress_retry_after", together: true, run: testInProgress,
+		rule: "a live lease held by another token gives InProgress with 0 < RetryAfter <= the time left on the lease, disturbing nothing"},
+	{name: "one_key_64_goroutines", run: testOneKeyConcurrent,
+		rule: "one atomic operation decides a claim: 64 concurrent claims of one key give exactly one Acquired, the rest InProgress"},
+	{name: "many_keys_8_goroutines", run: testManyKeysConcurrent,
+		rule: "one atomic operation decides a claim: 1,000 keys with 8 concurrent claims each give exactly one Acquired per key"},
+	{name: "concurrent_takeover", together: true, run: testConcurrentTakeover,
+		rule: "a takeover is atomic too: 32 concurrent claims of an expired lease give exactly one takeover"},
+	{name: "takeover_after_lease_expiry", together: true, run: testTakeover,
+		rule: "after the lease ends a claim takes over: new token, strictly greater fence, attempt+1, checkpoints handed over"},
+	{name: "stale_holder_changes_nothing", together: true, run: testStaleHolder,
+		rule: "after a takeover the old holder's Renew, Checkpoint, Complete and Release fail with ErrLeaseLost and change nothing"},
+	{name: "renew_extends", together: true, run: testRenew,
+		rule: "Renew extends the lease from now: past the original lease the record is still in progress for others"},
+	{name: "release_then_reclaim", together: true, run: testRelease,
+		rule: "Release deletes the holder's record; the next claim acquires afresh with a strictly greater fence; releasing again succeeds"},
+	{name: "repeated_operations", together: true, run: testRepeated,
+		rule: "repeating Claim, Complete or Release with the same token is safe: same fence, success, no change"},
+	{name: "completed_expires_after_retention", together: true, run: testCompletedExpires,
+		rule: "a completed record replays until its retention ends, then is absent: claimable afresh with a greater fence"},
+	{name: "abandoned_started_expires", together: true, run: testAbandonedExpires,
+		rule: "an abandoned STARTED record keeps its checkpoints for takeover until lease plus grace, then expires"},
+	{name: "sweep_removes_only_expired", together: true, run: testSweep, needs: needsSweeper,
+		rule: "Sweep deletes expired records, up to its limit, and never a live one"},
+	{name: "odd_keys", together: true, run: testOddKeys,
+		rule: "keys are opaque: unicode, braces, slashes, colons, spaces, case, 1024 bytes and mutual prefixes are all distinct keys"},
+	{name: "scope_isolation", together: true, run: testScopeIsolation,
+		rule: "storage keys built by StorageKey for different scopes and the same client key never see each other's records"},
+	{name: "canceled_context", together: true, run: testCanceledContext,
+		rule: "a canceled context returns the context's error and changes nothing"},
+	{name: "watch_wakes", together: true, run: testWatch, needs: needsWatcher,
+		rule: "Watch returns after the record completes or is released, and with the context's error when its context ends"},
+}
+
+func needsMaxValueSize(c Capabilities) (bool, string) {
+	return c.MaxValueSize > 0, "Capabilities.MaxValueSize is zero: the store's limit is unknown"
+}
+
+func needsSweeper(c Capabilities) (bool, string) {
+	return c.Sweeper, "the store does not declare Capabilities.Sweeper"
+}
+
+func needsWatcher(c Capabilities) (bool, string) {
+	return c.Watcher, "the store does not declare Capabilities.Watcher"
+}
+
+// Run checks newStore's stores against the store contract, one subtest per
+// case with a fresh store from newStore each. newStore receives the
+// subtest's t (register cleanups on it) and a manual clock, which it wires
+// into the store when caps.ControlledClock is set and ignores otherwise.
+//
+// Cases that depend on time advance the clock under ControlledClock and
+// sleep otherwise. The cases that start thousands of claims run first, one
+// at a time; then all the others run at once (Run returns when all are
+// done). Cases for optional behaviour the store does not declare in caps
+// are skipped.
+func Run(t *testing.T, newStore func(t *testing.T, clock *Clock) idempotency.Store, caps Capabilities) {
+	t.Helper()
+	if newStore == nil {
+		t.Fatal("conformancetest: newStore is nil")
+	}
+	if caps.LeaseResolution < 0 || caps.MaxValueSize < 0 {
+		t.Fatalf("conformancetest: negative Capabilities %+v", caps)
+	}
+	run := func(c testCase) {
+		t.Run(c.name, func(t *testing.T) {
+			if c.needs != nil {
+				if ok, why := c.needs(caps); !ok {
+					t.Skip(why)
+				}
+			}
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("%s checks: %s", c.name, c.rule)
+					if caps.ControlledClock {
+						t.Log("Capabilities.ControlledClock is set: the store must judge every deadline by the clock newStore was given")
+					}
+				}
+			})
+			c.run(newEnv(t, newStore, caps))
+		})
+	}
+	for _, c := range cases {
+		if !c.together {
+			run(c)
+		}
+	}
+	// The other cases mostly sleep (in real time): they run all at once,
+	// from goroutines rather than with t.Parallel, whose limit of
+	// GOMAXPROCS cases at a time would make the suite last several times
+	// longer on a small machine.
+	var wg sync.WaitGroup
+	for _, c := range cases {
+		if c.together {
+			wg.Go(func() { run(c) })
+		}
+	}
+	wg.Wait()
+}
+
+// env is what a case works with: a fresh store, its clock and helpers.
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	s      idempotency.Store
+	caps   Capabilities
+	clock  *Clock
+	prefix string
+	// unit is the time unit of leases and waits: a whole number of the
+	// store's resolution, long enough for real-time stores.
+	unit time.Duration
+	// tol is the rounding a store may apply to a duration it reports.
+	tol time.Duration
+	// slack is added to a wait meant to pass a deadline.
+	slack time.Duration
+}
+
+func newEnv(t *testing.T, newStore func(*testing.T, *Clock) idempotency.Store, caps Capabilities) *env {
+	t.Helper()
+	clock := NewClock(time.Now().UTC().Truncate(time.Second))
+	s := newStore(t, clock)
+	if s == nil {
+		t.Fatal("conformancetest: newStore returned nil")
+	}
+	res := max(caps.LeaseResolution, time.Millisecond)
+	e := &env{
+		t:      t,
+		ctx:    t.Context(),
+		s:      s,
+		caps:   caps,
+		clock:  clock,
+		prefix: "ct-" + randomHex(8) + "/",
+		tol:    res,
+	}
+	if caps.ControlledClock {
+		e.unit = max(caps.LeaseResolution, time.Second)
+		e.slack = res
+	} else {
+		e.unit = max(caps.LeaseResolution, minRealUnit)
+		e.slack = e.unit
+	}
+	return e
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails
+	return hex.EncodeToString(b)
+}
+
+var (
+	fpA = idempotency.FingerprintBytes([]byte("conformancetest request A"))
+	fpB = idempotency.FingerprintBytes([]byte("conformancetest request B"))
+)
+
+// key returns a storage key unique to this case.
+func (e *env) key(name string) string { return e.prefix + name }
+
+// token returns a fresh token shaped like the ones Do makes.
+func (e *env) token() idempotency.Token { return idempotency.Token(randomHex(16)) }
+
+// pass lets d go by: the controlled clock is advanced, or the case sleeps.
+func (e *env) pass(d time.Duration) {
+	if e.caps.ControlledClock {
+		e.clock.Advance(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+// passBeyond lets d and a margin go by, so that a deadline d from an
+// earlier call has surely passed as the store judges it.
+func (e *env) passBeyond(d time.Duration) { e.pass(d + e.slack) }
+
+func (e *env) claim(key string, fp idempotency.Fingerprint, tok idempotency.Token, lease, grace time.Duration) idempotency.ClaimResult {
+	e.t.Helper()
+	res, err := e.s.Claim(e.ctx, idempotency.ClaimRequest{Key: key, Fingerprint: fp, Token: tok, Lease: lease, Grace: grace})
+	if err != nil {
+		e.t.Fatalf("Claim(%s, token %.8s): unexpected error: %v", short(key), tok, err)
+	}
+	return res
+}
+
+// expect fails the case unless res has the outcome want.
+func (e *env) expect(res idempotency.ClaimResult, want idempotency.Outcome, what string) {
+	e.t.Helper()
+	if res.Outcome != want {
+		e.t.Fatalf("%s: outcome %v (fence %d, attempt %d, retry after %v), want %v",
+			what, res.Outcome, res.Fence, res.Attempt, res.RetryAfter, want)
+	}
+}
+
+// acquire claims key afresh and checks that it was acquired as a new record.
+func (e *env) acquire(key string, fp idempotency.Fingerprint, tok idempotency.Token, lease, grace time.Duration) idempotency.ClaimResult {
+	e.t.Helper()
+	res := e.claim(key, fp, tok, lease, grace)
+	e.expect(res, idempotency.OutcomeAcquired, "claim of absent key "+short(key))
+	if res.Attempt != 1 {
+		e.t.Errorf("claim of absent key %s: attempt %d, want 1", short(key), res.Attempt)
+	}
+	if res.Fence < 1 {
+		e.t.Errorf("claim of absent key %s: fence %d, want >= 1", short(key), res.Fence)
+	}
+	return res
+}
+
+// replay claims key with a fresh token, expects a replay and returns it.
+func (e *env) replay(key string, fp idempotency.Fingerprint, what string) idempotency.ClaimResult {
+	e.t.Helper()
+	res := e.claim(key, fp, e.token(), long, 0)
+	e.expect(res, idempotency.OutcomeReplay, what)
+	return res
+}
+
+// replayEquals checks that key replays want.
+func (e *env) replayEquals(key string, fp idempotency.Fingerprint, want []byte, what string) {
+	e.t.Helper()
+	res := e.replay(key, fp, what)
+	if !bytes.Equal(res.Result, want) {
+		e.t.Errorf("%s: replayed %s, want %s", what, describe(res.Result), describe(want))
+	}
+}
+
+// inProgress checks that another token finds key in progress.
+func (e *env) inProgress(key string, what string) idempotency.ClaimResult {
+	e.t.Helper()
+	res := e.claim(key, fpA, e.token(), long, 0)
+	e.expect(res, idempotency.OutcomeInProgress, what)
+	return res
+}
+
+// noErr fails the case when err is not nil.
+func (e *env) noErr(err error, what string) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatalf("%s: unexpected error: %v", what, err)
+	}
+}
+
+// isErr fails the case unless errors.Is(err, target).
+func (e *env) isErr(err, target error, what string) {
+	e.t.Helper()
+	if !errors.Is(err, target) {
+		e.t.Errorf("%s: error %v, want one matching %v", what, err, target)
+	}
+}
+
+func (e *env) complete(key string, tok idempotency.Token, result []byte, retention time.Duration) {
+	e.t.Helper()
+	e.noErr(e.s.Complete(e.ctx, key, tok, result, retention), "Complete("+short(key)+")")
+}
+
+func (e *env) checkpoint(key string, tok idempotency.Token, name string, value []byte) {
+	e.t.Helper()
+	e.noErr(e.s.Checkpoint(e.ctx, key, tok, name, value), "Checkpoint("+short(key)+", "+name+")")
+}
+
+// checkpointsEqual compares checkpoint maps: the same names with the same
+// bytes (nil and empty values are equal).
+func (e *env) checkpointsEqual(got, want map[string][]byte, what string) {
+	e.t.Helper()
+	ok := len(got) == len(want)
+	for name, w := range want {
+		g, found := got[name]
+		if !found || !bytes.Equal(g, w) {
+			ok = false
+		}
+	}
+	if !ok {
+		e.t.Errorf("%s: checkpoints %s, want %s", what, describeMap(got), describeMap(want))
+	}
+}
+
+// short shortens a key for messages.
+func short(key string) string {
+	if len(key) > 60 {
+		return fmt.Sprintf("%q...(%d bytes)", key[:60], len(key))
+	}
+	return fmt.Sprintf("%q", key)
+}
+
+// describe renders a value for messages without printing a megabyte.
+func describe(b []byte) string {
+	if b == nil {
+		return "nil"
+	}
+	if len(b) > 32 {
+		return fmt.Sprintf("%d bytes %x...", len(b), b[:32])
+	}
+	return fmt.Sprintf("%d bytes %q", len(b), b)
+}
+
+func describeMap(m map[string][]byte) string {
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			buf.WriteString(", ")
+		}
+		fmt.Fprintf(&buf, "%q: %s", k, describe(m[k]))
+	}
+	buf.WriteByte('}')
+	return buf.String()
+}

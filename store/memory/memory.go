@@ -1,0 +1,484 @@
+// Package memory is an in-memory [idempotency.Store]: the reference
+// implementation of the store contract, the store of the examples and of
+// unit tests, and a real store for a service that runs as one process.
+//
+// Records live in a map guarded by a mutex. Deadlines are judged by an
+// injectable clock ([Options.Now]), so tests can move time forward instead
+// of sleeping. Expired records are invisible to every operation, and every
+// operation also deletes up to four expired records (the soonest expired
+// first, from a heap ordered by expiry), so memory stays bounded by the
+// live records in a long-running process without a background goroutine,
+// a Close method or calls to [Store.Sweep]. Fences come from one counter
+// for the whole store, so a key's fence strictly increases across
+// takeovers and across deletion and re-creation of its record.
+//
+// Nothing survives the process: a crash forgets every completed result,
+// so a retry after a restart runs its effect again. Use a database-backed
+// store where results must outlive the process.
+package memory
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+)
+
+// DefaultMaxValueSize is the largest result or checkpoint value, in bytes,
+// that a store keeps when [Options.MaxValueSize] is zero.
+const DefaultMaxValueSize = 4 << 20
+
+// sweepPerOp is how many expired records every operation deletes at most.
+// Each operation creates at most one record, so deleting more than one
+// expired record per operation keeps the expired backlog shrinking.
+const sweepPerOp = 4
+
+// Options configures a [Store]. The zero value (or a nil *Options) gives
+// the defaults.
+type Options struct {
+	// Now is the store's clock, by which every lease and retention deadline
+	// is judged. Nil means time.Now. Tests pass a manual clock, such as
+	// conformancetest.Clock's Now method.
+	Now func() time.Time
+
+	// MaxValueSize is the largest result or checkpoint value the store
+	// keeps, in bytes; a larger one gives [idempotency.ErrTooLarge] and
+	// writes nothing. Zero means [DefaultMaxValueSize]; a negative value
+	// means no limit.
+	MaxValueSize int
+}
+
+// Store is an in-memory [idempotency.Store], also implementing
+// [idempotency.Sweeper] and [idempotency.Watcher]. It is safe for
+// concurrent use. The zero value is not usable: call [New].
+type Store struct {
+	now      func() time.Time
+	maxValue int // < 0: no limit
+
+	mu      sync.Mutex
+	records map[string]*record
+	expiry  expiryHeap // every record of records, soonest expiry first
+	fence   int64      // last fence handed out, store-wide
+}
+
+// record is one key's record. Byte slices in it are owned by the store:
+// copied in and copied out.
+type record struct {
+	key         string
+	fingerprint idempotency.Fingerprint
+	state       idempotency.State
+	token       idempotency.Token
+	fence       int64
+	attempt     int
+	leaseEnd    time.Time // STARTED only
+	grace       time.Duration
+	expires     time.Time // the record is absent from this instant on
+	checkpoints map[string][]byte
+	result      []byte
+	heapIndex   int
+	// changed is closed, and set to nil, when the record completes, is
+	// released, taken over or deleted. Made only when someone watches.
+	changed chan struct{}
+}
+
+// New returns an empty store. A nil opts means the defaults.
+func New(opts *Options) *Store {
+	s := &Store{
+		now:      time.Now,
+		maxValue: DefaultMaxValueSize,
+		records:  make(map[string]*record),
+	}
+	if opts != nil {
+		if opts.Now != nil {
+			s.now = opts.Now
+		}
+		if opts.MaxValueSize != 0 {
+			s.maxValue = opts.MaxValueSize
+		}
+	}
+	return s
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Sweeper = (*Store)(nil)
+	_ idempotency.Watcher = (*Store)(nil)
+)
+
+// Claim atomically decides what a request for r.Key may do, as
+// [idempotency.Store] documents. It returns an error wrapping
+// [idempotency.ErrInvalidArgument] for an empty key, a non-positive lease or
+// a negative grace, and ctx's error when ctx is already done.
+func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	switch {
+	case r.Key == "":
+		return idempotency.ClaimResult{}, invalid("empty key")
+	case r.Lease <= 0:
+		return idempotency.ClaimResult{}, invalid("lease %v is not positive", r.Lease)
+	case r.Grace < 0:
+		return idempotency.ClaimResult{}, invalid("grace %v is negative", r.Grace)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.sweepLocked(now, sweepPerOp)
+
+	rec := s.lookupLocked(r.Key, now)
+	if rec == nil {
+		s.fence++
+		rec = &record{
+			key:         r.Key,
+			fingerprint: r.Fingerprint,
+			state:       idempotency.StateStarted,
+			token:       r.Token,
+			fence:       s.fence,
+			attempt:     1,
+			heapIndex:   -1,
+		}
+		s.leaseLocked(rec, now, r.Lease, r.Grace)
+		s.records[r.Key] = rec
+		heap.Push(&s.expiry, rec)
+		return idempotency.ClaimResult{
+			Outcome: idempotency.OutcomeAcquired,
+			Fence:   rec.fence,
+			Attempt: rec.attempt,
+		}, nil
+	}
+
+	res := idempotency.ClaimResult{Fence: rec.fence, Attempt: rec.attempt}
+	switch {
+	case rec.fingerprint != r.Fingerprint:
+		res.Outcome = idempotency.OutcomeMismatch
+	case rec.state == idempotency.StateCompleted:
+		res.Outcome = idempotency.OutcomeReplay
+		res.Result = clone(rec.result)
+	case rec.token == r.Token:
+		// A repeated claim whose reply was lost: same fence, lease anew.
+		s.leaseLocked(rec, now, r.Lease, r.Grace)
+		res.Outcome = idempotency.OutcomeAcquired
+		res.Checkpoints = cloneMap(rec.checkpoints)
+	case now.Before(rec.leaseEnd):
+		res.Outcome = idempotency.OutcomeInProgress
+		res.RetryAfter = rec.leaseEnd.Sub(now)
+	default:
+		// The holder's lease ended: take over, keeping its checkpoints.
+		s.fence++
+		rec.token = r.Token
+		rec.fence = s.fence
+		rec.attempt++
+		s.leaseLocked(rec, now, r.Lease, r.Grace)
+		rec.notify()
+		res = idempotency.ClaimResult{
+			Outcome:     idempotency.OutcomeAcquired,
+			Fence:       rec.fence,
+			Attempt:     rec.attempt,
+			Checkpoints: cloneMap(rec.checkpoints),
+		}
+		if res.Checkpoints == nil {
+			res.Checkpoints = map[string][]byte{}
+		}
+	}
+	return res, nil
+}
+
+// Renew extends the lease of the STARTED record held under token to lease
+// from now, as [idempotency.Store] documents.
+func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return invalid("lease %v is not positive", lease)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.sweepLocked(now, sweepPerOp)
+	rec, err := s.heldLocked(key, token, now)
+	if err != nil {
+		return err
+	}
+	s.leaseLocked(rec, now, lease, rec.grace)
+	return nil
+}
+
+// Checkpoint stores a copy of value under name in the STARTED record held
+// under token, as [idempotency.Store] documents.
+func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.checkSize("checkpoint", value); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.sweepLocked(now, sweepPerOp)
+	rec, err := s.heldLocked(key, token, now)
+	if err != nil {
+		return err
+	}
+	if rec.checkpoints == nil {
+		rec.checkpoints = make(map[string][]byte)
+	}
+	rec.checkpoints[name] = clone(value)
+	return nil
+}
+
+// Complete moves the STARTED record held under token to COMPLETED with a
+// copy of result, kept for retention from now, as [idempotency.Store]
+// documents.
+func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if retention <= 0 {
+		return invalid("retention %v is not positive", retention)
+	}
+	if err := s.checkSize("result", result); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.sweepLocked(now, sweepPerOp)
+	rec := s.lookupLocked(key, now)
+	switch {
+	case rec == nil || rec.token != token:
+		return lost(key)
+	case rec.state == idempotency.StateCompleted:
+		return nil // a repeated Complete that already landed
+	}
+	rec.state = idempotency.StateCompleted
+	rec.result = clone(result)
+	rec.checkpoints = nil
+	rec.leaseEnd = time.Time{}
+	rec.expires = now.Add(retention)
+	heap.Fix(&s.expiry, rec.heapIndex)
+	rec.notify()
+	return nil
+}
+
+// Release deletes the STARTED record held under token, as
+// [idempotency.Store] documents.
+func (s *Store) Release(ctx context.Context, key string, token idempotency.Token) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.sweepLocked(now, sweepPerOp)
+	rec := s.lookupLocked(key, now)
+	switch {
+	case rec == nil:
+		return nil
+	case rec.token != token || rec.state != idempotency.StateStarted:
+		return lost(key)
+	}
+	s.deleteLocked(rec)
+	return nil
+}
+
+// Sweep deletes up to limit expired records (limit <= 0: all of them) and
+// reports how many it deleted. Calling it is optional: every operation
+// already deletes a few expired records, and expired records are treated
+// as absent whether or not they were deleted.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sweepLocked(s.now(), limit), nil
+}
+
+// Watch blocks until the record under key may have changed: it completes,
+// is released, is taken over or expires, or its lease ends. It returns nil
+// at once when the key holds no STARTED record (there is nothing to wait
+// for: a claim now decides), and ctx's error when ctx is done first.
+//
+// The end of a lease is awaited with a timer on the real clock, for the
+// time left as the store's clock judges it; with a manual clock that
+// timer gives at worst a spurious wake-up, which the contract allows.
+func (s *Store) Watch(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	now := s.now()
+	rec := s.lookupLocked(key, now)
+	if rec == nil || rec.state != idempotency.StateStarted {
+		s.mu.Unlock()
+		return nil
+	}
+	left := rec.leaseEnd.Sub(now)
+	if left <= 0 {
+		s.mu.Unlock()
+		return nil // the lease has ended: the waiter may take over
+	}
+	if rec.changed == nil {
+		rec.changed = make(chan struct{})
+	}
+	changed := rec.changed
+	s.mu.Unlock()
+
+	timer := time.NewTimer(left)
+	defer timer.Stop()
+	select {
+	case <-changed:
+		return nil
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Len reports how many records the store holds, counting expired records
+// that no operation has deleted yet.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
+}
+
+// lookupLocked returns the live record under key, or nil when there is
+// none. An expired record found on the way is deleted.
+func (s *Store) lookupLocked(key string, now time.Time) *record {
+	rec := s.records[key]
+	if rec == nil {
+		return nil
+	}
+	if !now.Before(rec.expires) {
+		s.deleteLocked(rec)
+		return nil
+	}
+	return rec
+}
+
+// heldLocked returns the live STARTED record under key held under token,
+// or an error wrapping ErrLeaseLost.
+func (s *Store) heldLocked(key string, token idempotency.Token, now time.Time) (*record, error) {
+	rec := s.lookupLocked(key, now)
+	if rec == nil || rec.token != token || rec.state != idempotency.StateStarted {
+		return nil, lost(key)
+	}
+	return rec, nil
+}
+
+// leaseLocked sets rec's lease to end lease after now and its expiry grace
+// after that.
+func (s *Store) leaseLocked(rec *record, now time.Time, lease, grace time.Duration) {
+	rec.leaseEnd = now.Add(lease)
+	rec.grace = grace
+	rec.expires = rec.leaseEnd.Add(grace)
+	if rec.heapIndex >= 0 {
+		heap.Fix(&s.expiry, rec.heapIndex)
+	}
+}
+
+func (s *Store) deleteLocked(rec *record) {
+	delete(s.records, rec.key)
+	heap.Remove(&s.expiry, rec.heapIndex)
+	rec.notify()
+}
+
+// sweepLocked deletes up to limit expired records (limit <= 0: all).
+func (s *Store) sweepLocked(now time.Time, limit int) int {
+	n := 0
+	for len(s.expiry) > 0 && (limit <= 0 || n < limit) {
+		rec := s.expiry[0]
+		if now.Before(rec.expires) {
+			break
+		}
+		s.deleteLocked(rec)
+		n++
+	}
+	return n
+}
+
+func (s *Store) checkSize(what string, b []byte) error {
+	if s.maxValue >= 0 && len(b) > s.maxValue {
+		return fmt.Errorf("%w: memory: %s of %d bytes exceeds the limit of %d", idempotency.ErrTooLarge, what, len(b), s.maxValue)
+	}
+	return nil
+}
+
+// notify wakes the record's watchers.
+func (rec *record) notify() {
+	if rec.changed != nil {
+		close(rec.changed)
+		rec.changed = nil
+	}
+}
+
+func lost(key string) error {
+	return fmt.Errorf("%w: memory: key %q", idempotency.ErrLeaseLost, truncate(key))
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: memory: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
+}
+
+func truncate(key string) string {
+	if len(key) > 64 {
+		return key[:64] + "..."
+	}
+	return key
+}
+
+// clone copies b, keeping nil as nil and empty as empty.
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append(make([]byte, 0, len(b)), b...)
+}
+
+func cloneMap(m map[string][]byte) map[string][]byte {
+	if m == nil {
+		return nil
+	}
+	c := maps.Clone(m)
+	for k, v := range c {
+		c[k] = clone(v)
+	}
+	return c
+}
+
+// expiryHeap orders records by expiry, soonest first.
+type expiryHeap []*record
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIndex = i
+	h[j].heapIndex = j
+}
+
+func (h *expiryHeap) Push(x any) {
+	rec := x.(*record)
+	rec.heapIndex = len(*h)
+	*h = append(*h, rec)
+}
+
+func (h *expiryHeap) Pop() any {
+	old := *h
+	n := len(old)
+	rec := old[n-1]
+	old[n-1] = nil
+	rec.heapIndex = -1
+	*h = old[:n-1]
+	return rec
+}

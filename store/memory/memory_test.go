@@ -1,0 +1,238 @@
+package memory_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/conformancetest"
+	"github.com/exactlyonce/idempotency/store/memory"
+)
+
+func TestConformance(t *testing.T) {
+	caps := conformancetest.Capabilities{
+		Sweeper:      true,
+		Watcher:      true,
+		MaxValueSize: memory.DefaultMaxValueSize,
+	}
+	t.Run("controlled_clock", func(t *testing.T) {
+		caps := caps
+		caps.ControlledClock = true
+		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
+			return memory.New(&memory.Options{Now: clock.Now})
+		}, caps)
+	})
+	t.Run("real_time", func(t *testing.T) {
+		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
+			return memory.New(nil)
+		}, caps)
+	})
+	t.Run("small_limit", func(t *testing.T) {
+		caps := caps
+		caps.ControlledClock = true
+		caps.MaxValueSize = 1000
+		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
+			return memory.New(&memory.Options{Now: clock.Now, MaxValueSize: 1000})
+		}, caps)
+	})
+}
+
+func BenchmarkStore(b *testing.B) {
+	conformancetest.Benchmark(b, func(b *testing.B) idempotency.Store { return memory.New(nil) })
+}
+
+var ctx = context.Background()
+
+func claim(t *testing.T, s *memory.Store, key string, tok idempotency.Token, lease, grace time.Duration) idempotency.ClaimResult {
+	t.Helper()
+	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Token: tok, Lease: lease, Grace: grace})
+	if err != nil {
+		t.Fatalf("Claim(%s): %v", key, err)
+	}
+	return res
+}
+
+// Expired records are deleted by later operations, without Sweep and
+// without a background goroutine, so a long-running process stays bounded.
+func TestMemoryStaysBoundedWithoutSweep(t *testing.T) {
+	clock := conformancetest.NewClock(time.Unix(1e9, 0))
+	s := memory.New(&memory.Options{Now: clock.Now})
+	const n = 1000
+	for i := range n {
+		key := fmt.Sprint("started-", i)
+		claim(t, s, key, "t", time.Second, time.Second)
+		if i%2 == 0 { // half of them completed, kept for a minute
+			if err := s.Complete(ctx, key, "t", []byte("result"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if s.Len() != n {
+		t.Fatalf("Len() = %d after %d claims, want %d", s.Len(), n, n)
+	}
+	clock.Advance(2 * time.Second) // the started half expires, the completed half stays
+	for i := range 150 {
+		claim(t, s, fmt.Sprint("new-", i), "t", time.Hour, 0)
+	}
+	// Each operation deletes up to 4 expired records: 150 claims delete the
+	// 500 expired ones and add 150.
+	if got, want := s.Len(), n/2+150; got != want {
+		t.Fatalf("Len() = %d after expiry and 150 more claims, want %d (expired records not deleted)", got, want)
+	}
+	clock.Advance(time.Minute) // now the completed half expires too
+	for i := range 200 {
+		// Replays and in-progress answers delete expired records as well.
+		res := claim(t, s, fmt.Sprint("new-", i%150), "other", time.Hour, 0)
+		if res.Outcome != idempotency.OutcomeInProgress {
+			t.Fatalf("claim of held key: %v", res.Outcome)
+		}
+	}
+	if got := s.Len(); got != 150 {
+		t.Fatalf("Len() = %d after 200 more operations, want 150 live records", got)
+	}
+}
+
+// Bytes passed in and handed out are copies: callers may reuse their
+// buffers and change what they got without touching the store.
+func TestMemoryDoesNotAlias(t *testing.T) {
+	s := memory.New(nil)
+	claim(t, s, "k", "t", time.Second, time.Hour)
+	cp := []byte("checkpoint")
+	if err := s.Checkpoint(ctx, "k", "t", "step", cp); err != nil {
+		t.Fatal(err)
+	}
+	cp[0] = 'X'
+	res := claim(t, s, "k", "t", time.Second, time.Hour) // repeated claim
+	if got := string(res.Checkpoints["step"]); got != "checkpoint" {
+		t.Fatalf("checkpoint changed by the caller's buffer: %q", got)
+	}
+	res.Checkpoints["step"][0] = 'Y'
+	res.Checkpoints["other"] = []byte("added")
+	res = claim(t, s, "k", "t", time.Second, time.Hour)
+	if got := string(res.Checkpoints["step"]); got != "checkpoint" || len(res.Checkpoints) != 1 {
+		t.Fatalf("checkpoints changed through a returned map: %q", res.Checkpoints)
+	}
+
+	result := []byte("result")
+	if err := s.Complete(ctx, "k", "t", result, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	result[0] = 'X'
+	res = claim(t, s, "k", "u", time.Second, 0)
+	if !bytes.Equal(res.Result, []byte("result")) {
+		t.Fatalf("result changed by the caller's buffer: %q", res.Result)
+	}
+	res.Result[0] = 'Y'
+	if res = claim(t, s, "k", "u", time.Second, 0); !bytes.Equal(res.Result, []byte("result")) {
+		t.Fatalf("result changed through an earlier replay: %q", res.Result)
+	}
+}
+
+func TestMemoryOptions(t *testing.T) {
+	var nilOpts *memory.Options
+	for name, s := range map[string]*memory.Store{"nil": memory.New(nil), "typed nil": memory.New(nilOpts), "zero": memory.New(&memory.Options{})} {
+		res := claim(t, s, "k", "t", time.Second, 0)
+		if res.Outcome != idempotency.OutcomeAcquired {
+			t.Fatalf("%s options: %v", name, res.Outcome)
+		}
+		big := make([]byte, memory.DefaultMaxValueSize+1)
+		if err := s.Complete(ctx, "k", "t", big, time.Hour); !errors.Is(err, idempotency.ErrTooLarge) {
+			t.Fatalf("%s options: Complete above DefaultMaxValueSize: %v, want ErrTooLarge", name, err)
+		}
+		if err := s.Complete(ctx, "k", "t", big[:memory.DefaultMaxValueSize], time.Hour); err != nil {
+			t.Fatalf("%s options: Complete of DefaultMaxValueSize: %v", name, err)
+		}
+	}
+
+	unlimited := memory.New(&memory.Options{MaxValueSize: -1})
+	claim(t, unlimited, "k", "t", time.Second, 0)
+	if err := unlimited.Complete(ctx, "k", "t", make([]byte, memory.DefaultMaxValueSize+1), time.Hour); err != nil {
+		t.Fatalf("negative MaxValueSize (no limit): %v", err)
+	}
+}
+
+func TestMemoryInvalidArguments(t *testing.T) {
+	s := memory.New(nil)
+	for name, r := range map[string]idempotency.ClaimRequest{
+		"empty key":      {Key: "", Token: "t", Lease: time.Second},
+		"zero lease":     {Key: "k", Token: "t"},
+		"negative lease": {Key: "k", Token: "t", Lease: -time.Second},
+		"negative grace": {Key: "k", Token: "t", Lease: time.Second, Grace: -1},
+	} {
+		if _, err := s.Claim(ctx, r); !errors.Is(err, idempotency.ErrInvalidArgument) {
+			t.Errorf("Claim with %s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	claim(t, s, "k", "t", time.Second, 0)
+	if err := s.Renew(ctx, "k", "t", 0); !errors.Is(err, idempotency.ErrInvalidArgument) {
+		t.Errorf("Renew with zero lease: %v, want ErrInvalidArgument", err)
+	}
+	if err := s.Complete(ctx, "k", "t", nil, 0); !errors.Is(err, idempotency.ErrInvalidArgument) {
+		t.Errorf("Complete with zero retention: %v, want ErrInvalidArgument", err)
+	}
+	if s.Len() != 1 {
+		t.Errorf("Len() = %d after refused calls, want 1", s.Len())
+	}
+	// The record is untouched: still STARTED under t.
+	if err := s.Complete(ctx, "k", "t", []byte("ok"), time.Hour); err != nil {
+		t.Errorf("Complete after refused calls: %v", err)
+	}
+}
+
+// A waiter on a crashed holder's record wakes when the lease ends, on the
+// real clock, so it can take over without polling.
+func TestMemoryWatchWakesAtLeaseEnd(t *testing.T) {
+	s := memory.New(nil)
+	claim(t, s, "k", "crashed", 100*time.Millisecond, time.Hour)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.Watch(wctx, "k"); err != nil {
+		t.Fatalf("Watch: %v, want a wake-up at the end of the lease", err)
+	}
+	res := claim(t, s, "k", "waiter", time.Second, 0)
+	if res.Outcome != idempotency.OutcomeAcquired || res.Attempt != 2 {
+		t.Fatalf("claim after the wake-up: %v attempt %d, want a takeover", res.Outcome, res.Attempt)
+	}
+	// Nothing to wait for on a completed or absent record.
+	if err := s.Watch(ctx, "absent"); err != nil {
+		t.Fatalf("Watch of an absent key: %v", err)
+	}
+}
+
+func Example() {
+	clock := conformancetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memory.New(&memory.Options{Now: clock.Now})
+	ctx := context.Background()
+	req := idempotency.ClaimRequest{
+		Key:         "order-42",
+		Fingerprint: idempotency.FingerprintBytes([]byte(`{"amount":1000}`)),
+		Token:       "first-holder",
+		Lease:       10 * time.Second,
+		Grace:       time.Minute,
+	}
+
+	res, _ := store.Claim(ctx, req)
+	fmt.Println(res.Outcome, "fence", res.Fence)
+
+	retry := req
+	retry.Token = "retry"
+	res, _ = store.Claim(ctx, retry)
+	fmt.Println(res.Outcome, "for", res.RetryAfter)
+
+	_ = store.Complete(ctx, "order-42", "first-holder", []byte("charged"), 24*time.Hour)
+	res, _ = store.Claim(ctx, retry)
+	fmt.Println(res.Outcome, string(res.Result))
+
+	clock.Advance(25 * time.Hour) // retention over: the key is free again
+	res, _ = store.Claim(ctx, retry)
+	fmt.Println(res.Outcome, "fence", res.Fence)
+	// Output:
+	// acquired fence 1
+	// in_progress for 10s
+	// replay charged
+	// acquired fence 2
+}
