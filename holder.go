@@ -24,9 +24,13 @@ type holder struct {
 
 	mu      sync.Mutex
 	points  map[string][]byte // recovery points: handed over, then made here
-	timer   *time.Timer
 	stopped bool
 	hbCtx   context.Context
+	// next is when the next renewal is due, and index the holder's place
+	// in its runner's heartbeat queue (-1: not queued). Guarded by the
+	// queue's lock.
+	next  time.Time
+	index int
 	// renewed is when the last successful renewal (or the claim) was
 	// sent: the lease surely lasts until renewed+lease.
 	renewed time.Time
@@ -52,21 +56,25 @@ func holderFrom(ctx context.Context) *holder {
 	return h
 }
 
-// startHeartbeat renews the lease every third of its length until
-// stopHeartbeat. A timer, not a goroutine, so a short fn costs nothing.
+// startHeartbeat renews the lease every third of its length, through the
+// runner's heartbeat schedule, until stopHeartbeat.
 func (h *holder) startHeartbeat(ctx context.Context, claimed time.Time) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.hbCtx = ctx
 	h.renewed = claimed
-	h.timer = time.AfterFunc(h.r.cfg.lease/3, h.beat)
+	h.next = claimed.Add(h.r.cfg.lease / 3)
+	h.index = -1
+	h.mu.Unlock()
+	h.r.heartbeats.schedule(h)
 }
 
+// stopHeartbeat ends the renewals. A renewal already under way finds
+// stopped set and neither acts on its result nor schedules another.
 func (h *holder) stopHeartbeat() {
 	h.mu.Lock()
 	h.stopped = true
-	h.timer.Stop()
 	h.mu.Unlock()
+	h.r.heartbeats.unschedule(h)
 }
 
 func (h *holder) beat() {
@@ -102,7 +110,8 @@ func (h *holder) beat() {
 		}
 		interval = min(interval, left)
 	}
-	h.timer.Reset(interval)
+	h.next = time.Now().Add(interval)
+	r.heartbeats.schedule(h)
 }
 
 // lose cancels fn's context with cause ErrLeaseLost. Called with mu held.

@@ -634,3 +634,46 @@ func TestObserverAndSlog(t *testing.T) {
 		}
 	}
 }
+
+func TestHeartbeatKeepsManyLeases(t *testing.T) {
+	// Sixteen holders share the runner's heartbeat schedule; each runs for
+	// four leases while a prober checks, past every lease's first end, that
+	// none was left to expire.
+	const lease = 300 * time.Millisecond
+	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 16 {
+		key := fmt.Sprintf("long-%d", i)
+		started := make(chan struct{})
+		wg.Go(func() {
+			res, err := idempotency.Do(ctx, r, req(key), func(ctx context.Context) (int, error) {
+				close(started)
+				select {
+				case <-time.After(4 * lease):
+					return i, nil
+				case <-ctx.Done():
+					return 0, context.Cause(ctx)
+				}
+			})
+			if err != nil || res.Attempt != 1 {
+				t.Errorf("%s: %+v, %v", key, res, err)
+			}
+		})
+		wg.Go(func() {
+			<-started
+			time.Sleep(2 * lease)
+			_, err := idempotency.Do(ctx, r, req(key), func(ctx context.Context) (int, error) {
+				t.Errorf("%s: prober took the lease over", key)
+				return -1, nil
+			})
+			if !errors.Is(err, idempotency.ErrInProgress) {
+				t.Errorf("%s: prober got %v, want ErrInProgress", key, err)
+			}
+		})
+	}
+	wg.Wait()
+}
