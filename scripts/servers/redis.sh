@@ -9,10 +9,13 @@
 #
 # When IDEM_REDIS_ADDR (and IDEM_REDIS_CLUSTER_ADDRS) are already set, the
 # matching servers are not started and nothing is printed for them.
-# Ports can be moved with IDEM_REDIS_PORT (default 16379; its replica listens
-# on the next port) and IDEM_REDIS_CLUSTER_PORT (default 17001; the cluster
-# uses it and the next two, plus the same ports + 10000 for its bus).
-# Only processes whose pid files live under DIR/redis are ever stopped.
+# Ports: IDEM_REDIS_PORT (default 16379; its replica listens on the next
+# port) and IDEM_REDIS_CLUSTER_PORT (default 17001; the cluster uses it and
+# the next two, plus the same ports + 10000 for its bus). When a port is
+# taken by a process this script did not start (another checkout's run, say)
+# the whole set moves up by 100, up to 20 times; the export lines give the
+# ports used. Only processes whose pid files live under DIR/redis are ever
+# stopped.
 set -euo pipefail
 
 cmd=${1:-}
@@ -24,9 +27,7 @@ fi
 mkdir -p "$dir"
 base=$(cd "$dir" && pwd)/redis
 single_port=${IDEM_REDIS_PORT:-16379}
-replica_port=$((single_port + 1))
 cluster_port=${IDEM_REDIS_CLUSTER_PORT:-17001}
-cluster_ports=("$cluster_port" $((cluster_port + 1)) $((cluster_port + 2)))
 
 log() { echo "redis.sh: $*" >&2; }
 
@@ -58,9 +59,10 @@ stop_one() {
 }
 
 stop_all() {
-  local n
-  for n in single replica "cluster-${cluster_ports[0]}" "cluster-${cluster_ports[1]}" "cluster-${cluster_ports[2]}"; do
-    stop_one "$n"
+  local d
+  for d in "$base"/*/; do
+    [ -d "$d" ] || continue
+    stop_one "$(basename "$d")"
   done
 }
 
@@ -88,7 +90,7 @@ start_one() {
   d="$base/$name"
   stop_one "$name"
   if port_busy "$port"; then
-    log "port $port is in use by a process this script did not start; set IDEM_REDIS_PORT / IDEM_REDIS_CLUSTER_PORT or free it"
+    log "port $port is in use by a process this script did not start"
     return 1
   fi
   # Leftovers of an earlier run (a stale nodes.conf makes a cluster node
@@ -110,8 +112,17 @@ install() {
   apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends redis-server redis-tools >&2
 }
 
+# free_ports PORT...: succeeds when no process (other than ours, which are
+# stopped first) listens on any of them.
+free_ports() {
+  local p
+  for p in "$@"; do
+    if port_busy "$p"; then return 1; fi
+  done
+}
+
 start() {
-  local want_single=1 want_cluster=1 p addrs
+  local want_single=1 want_cluster=1 p i addrs
   [ -n "${IDEM_REDIS_ADDR:-}" ] && want_single=0
   [ -n "${IDEM_REDIS_CLUSTER_ADDRS:-}" ] && want_cluster=0
   if [ $want_single = 0 ] && [ $want_cluster = 0 ]; then
@@ -119,16 +130,29 @@ start() {
   fi
   install
   mkdir -p "$base"
+  stop_all # leftovers of an earlier run in this DIR
   if [ $want_single = 1 ]; then
+    for i in $(seq 1 20); do
+      free_ports "$single_port" $((single_port + 1)) && break
+      single_port=$((single_port + 100))
+    done
+    replica_port=$((single_port + 1))
     start_one single "$single_port"
     start_one replica "$replica_port" --replicaof 127.0.0.1 "$single_port"
     wait_ping "$single_port"
     wait_ping "$replica_port"
   fi
   if [ $want_cluster = 1 ]; then
-    for p in "${cluster_ports[@]}"; do
-      start_one "cluster-$p" "$p" --cluster-enabled yes \
-        --cluster-config-file "$base/cluster-$p/nodes.conf" \
+    for i in $(seq 1 20); do
+      free_ports "$cluster_port" $((cluster_port + 1)) $((cluster_port + 2)) \
+        $((cluster_port + 10000)) $((cluster_port + 10001)) $((cluster_port + 10002)) && break
+      cluster_port=$((cluster_port + 100))
+    done
+    cluster_ports=("$cluster_port" $((cluster_port + 1)) $((cluster_port + 2)))
+    for i in 1 2 3; do
+      p=${cluster_ports[$((i - 1))]}
+      start_one "cluster-$i" "$p" --cluster-enabled yes \
+        --cluster-config-file "$base/cluster-$i/nodes.conf" \
         --cluster-node-timeout 5000
     done
     for p in "${cluster_ports[@]}"; do wait_ping "$p"; done

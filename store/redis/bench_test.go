@@ -1,0 +1,212 @@
+package redis_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/conformancetest"
+	idemredis "github.com/exactlyonce/idempotency/store/redis"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// BenchmarkStore runs the conformance package's store benchmarks on the
+// single server and on the cluster.
+func BenchmarkStore(b *testing.B) {
+	b.Run("single", func(b *testing.B) {
+		c := newSingle(b)
+		conformancetest.Benchmark(b, func(b *testing.B) idempotency.Store { return newStore(b, c, nil) })
+	})
+	b.Run("cluster", func(b *testing.B) {
+		c := newCluster(b)
+		conformancetest.Benchmark(b, func(b *testing.B) idempotency.Store { return newStore(b, c, nil) })
+	})
+}
+
+// trivialScript is the baseline: a script that does nothing, called with
+// the same key and arguments as the claim.
+var trivialScript = goredis.NewScript(`return 1`)
+
+// fingerprint is a realistic one: "sha256:" and 64 hex digits.
+var fingerprint = idempotency.FingerprintBytes([]byte(`{"amount":1000,"currency":"EUR"}`))
+
+// result200 is fn's result: JSON-encoded and framed by Do, it is stored as
+// exactly 200 bytes (1 kind byte, 2 quotes, 197 letters).
+var result200 = strings.Repeat("x", 197)
+
+// BenchmarkDo measures idempotency.Do on the Redis store against raw
+// go-redis on the same server in the same run, iteration by iteration:
+//
+//   - fresh: Do of a new key (claim + complete) against two EVALSHA of a
+//     trivial script;
+//   - replay: Do of a completed key (claim) against one EVALSHA.
+//
+// Metrics: ns/op is Do's; raw-ns/op the baseline's; throughput-ratio is
+// raw-ns/op divided by ns/op (1 means Do costs no more than the bare
+// round trips; the target is 0.9 or more); round-trips/op counts the Do's
+// commands and pipelines with a go-redis hook; for fresh, bytes/record is
+// MEMORY USAGE of a completed record with a 200-byte result and a sha256
+// fingerprint, under the server's configuration (with Redis's default
+// hash-max-listpack-value of 64 the record is a hashtable; see the
+// README's sizing section).
+func BenchmarkDo(b *testing.B) {
+	b.Run("single", func(b *testing.B) {
+		benchDo(b, func(h *countHook) goredis.UniversalClient {
+			c := newSingle(b)
+			c.AddHook(h)
+			return c
+		})
+	})
+	b.Run("cluster", func(b *testing.B) {
+		benchDo(b, func(h *countHook) goredis.UniversalClient {
+			c := newCluster(b)
+			c.AddHook(h)
+			return c
+		})
+	})
+}
+
+func benchDo(b *testing.B, client func(*countHook) goredis.UniversalClient) {
+	ctx := context.Background()
+	newRunner := func(b *testing.B) (*idempotency.Runner, *idemredis.Store, *countHook, goredis.UniversalClient) {
+		var h countHook
+		c := client(&h)
+		s := newStore(b, c, nil)
+		r, err := idempotency.New(s, idempotency.WithRetention(10*time.Minute))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := trivialScript.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		h.n.Store(0)
+		return r, s, &h, c
+	}
+	fn := func(context.Context) (string, error) { return result200, nil }
+
+	b.Run("fresh", func(b *testing.B) {
+		r, s, h, c := newRunner(b)
+		raw := newRawClient(b, c)
+		var doTime, rawTime time.Duration
+		var last string
+		i := 0
+		for b.Loop() {
+			key := "k" + strconv.Itoa(i)
+			i++
+			t0 := time.Now()
+			res, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"tenant-42"}, Key: key, Fingerprint: fingerprint}, fn)
+			t1 := time.Now()
+			if err != nil || res.Replayed {
+				b.Fatalf("Do of fresh key %s: replayed %v, %v", key, res.Replayed, err)
+			}
+			for range 2 {
+				if err := trivialScript.Run(ctx, raw, []string{s.Key(key)}, string(fingerprint), "0123456789abcdef0123456789abcdef", 30000, 0).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rawTime += time.Since(t1)
+			doTime += t1.Sub(t0)
+			last = key
+		}
+		report(b, doTime, rawTime, h.n.Load())
+		sk, err := r.StorageKey(idempotency.Request{Scope: []string{"tenant-42"}, Key: last})
+		if err != nil {
+			b.Fatal(err)
+		}
+		mem, err := c.MemoryUsage(ctx, s.Key(sk), 0).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := c.HStrLen(ctx, s.Key(sk), "r").Result()
+		if err != nil || n != 200 {
+			b.Fatalf("stored result is %d bytes (%v), want 200", n, err)
+		}
+		b.ReportMetric(float64(mem), "bytes/record")
+	})
+
+	// The store's operations without Do, to tell the adapter's cost from
+	// the core's.
+	b.Run("claim_complete", func(b *testing.B) {
+		_, s, h, c := newRunner(b)
+		raw := newRawClient(b, c)
+		result := []byte("v" + `"` + result200 + `"`)
+		var doTime, rawTime time.Duration
+		i := 0
+		for b.Loop() {
+			key := "k" + strconv.Itoa(i)
+			i++
+			tok := idempotency.Token("0123456789abcdef0123456789abcdef")
+			t0 := time.Now()
+			res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: fingerprint, Token: tok, Lease: 30 * time.Second})
+			if err != nil || res.Outcome != idempotency.OutcomeAcquired {
+				b.Fatalf("claim of fresh key %s: %v, %v", key, res.Outcome, err)
+			}
+			if err := s.Complete(ctx, key, tok, result, 10*time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			t1 := time.Now()
+			for range 2 {
+				if err := trivialScript.Run(ctx, raw, []string{s.Key(key)}, string(fingerprint), "0123456789abcdef0123456789abcdef", 30000, 0).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rawTime += time.Since(t1)
+			doTime += t1.Sub(t0)
+		}
+		report(b, doTime, rawTime, h.n.Load())
+	})
+
+	b.Run("replay", func(b *testing.B) {
+		r, s, h, c := newRunner(b)
+		raw := newRawClient(b, c)
+		req := idempotency.Request{Scope: []string{"tenant-42"}, Key: "replayed", Fingerprint: fingerprint}
+		if _, err := idempotency.Do(ctx, r, req, fn); err != nil {
+			b.Fatal(err)
+		}
+		sk, _ := r.StorageKey(req)
+		h.n.Store(0)
+		var doTime, rawTime time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			res, err := idempotency.Do(ctx, r, req, fn)
+			t1 := time.Now()
+			if err != nil || !res.Replayed || res.Value != result200 {
+				b.Fatalf("Do of a completed key: replayed %v, %v", res.Replayed, err)
+			}
+			if err := trivialScript.Run(ctx, raw, []string{s.Key(sk)}, string(fingerprint), "0123456789abcdef0123456789abcdef", 30000, 0).Err(); err != nil {
+				b.Fatal(err)
+			}
+			rawTime += time.Since(t1)
+			doTime += t1.Sub(t0)
+		}
+		report(b, doTime, rawTime, h.n.Load())
+	})
+}
+
+// newRawClient returns a second client of the same kind and servers as c,
+// without the counting hook, for the baseline.
+func newRawClient(b *testing.B, c goredis.UniversalClient) goredis.UniversalClient {
+	switch c := c.(type) {
+	case *goredis.Client:
+		r := goredis.NewClient(&goredis.Options{Addr: c.Options().Addr})
+		b.Cleanup(func() { _ = r.Close() })
+		return r
+	case *goredis.ClusterClient:
+		r := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Options().Addrs})
+		b.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	b.Fatalf("unexpected client %T", c)
+	return nil
+}
+
+func report(b *testing.B, doTime, rawTime time.Duration, roundTrips int64) {
+	n := float64(b.N)
+	b.ReportMetric(float64(doTime.Nanoseconds())/n, "ns/op")
+	b.ReportMetric(float64(rawTime.Nanoseconds())/n, "raw-ns/op")
+	b.ReportMetric(float64(rawTime)/float64(doTime), "throughput-ratio")
+	b.ReportMetric(float64(roundTrips)/n, "round-trips/op")
+}

@@ -1,0 +1,109 @@
+package redis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	idemredis "github.com/exactlyonce/idempotency/store/redis"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+const howTo = "run scripts/test.sh, or start servers with `eval $(scripts/servers/redis.sh start DIR)`"
+
+// singleAddr returns the address of the single Redis server, failing the
+// test when it is not configured or not reachable.
+func singleAddr(tb testing.TB) string {
+	tb.Helper()
+	addr := os.Getenv("IDEM_REDIS_ADDR")
+	if addr == "" {
+		tb.Fatalf("IDEM_REDIS_ADDR is not set: %s", howTo)
+	}
+	return addr
+}
+
+// clusterAddrs returns the seed addresses of the Redis Cluster.
+func clusterAddrs(tb testing.TB) []string {
+	tb.Helper()
+	addrs := os.Getenv("IDEM_REDIS_CLUSTER_ADDRS")
+	if addrs == "" {
+		tb.Fatalf("IDEM_REDIS_CLUSTER_ADDRS is not set: %s", howTo)
+	}
+	return strings.Split(addrs, ",")
+}
+
+// newSingle returns a client of the single server, closed at the end of
+// the test.
+func newSingle(tb testing.TB) *goredis.Client {
+	tb.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: singleAddr(tb)})
+	tb.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		tb.Fatalf("redis at %s unreachable (%v): %s", singleAddr(tb), err, howTo)
+	}
+	return c
+}
+
+// newCluster returns a client of the cluster, closed at the end of the test.
+func newCluster(tb testing.TB) *goredis.ClusterClient {
+	tb.Helper()
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: clusterAddrs(tb)})
+	tb.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := c.ForEachShard(ctx, func(ctx context.Context, n *goredis.Client) error {
+		return n.Ping(ctx).Err()
+	})
+	if err != nil {
+		tb.Fatalf("redis cluster at %v unreachable (%v): %s", clusterAddrs(tb), err, howTo)
+	}
+	return c
+}
+
+// uniquePrefix keeps the records of each test apart.
+func uniquePrefix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
+}
+
+// newStore returns a store on client with a fresh prefix.
+func newStore(tb testing.TB, client idemredis.Client, opts *idemredis.Options) *idemredis.Store {
+	tb.Helper()
+	var o idemredis.Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = uniquePrefix()
+	}
+	s, err := idemredis.New(client, &o)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return s
+}
+
+// clusterAddrsForExample reads the cluster's addresses for the examples,
+// which have no testing.TB to fail.
+func clusterAddrsForExample() []string {
+	return strings.Split(os.Getenv("IDEM_REDIS_CLUSTER_ADDRS"), ",")
+}
+
+// TestMain refuses to run without the servers' addresses: a go-redis
+// client given an empty address would dial localhost:6379, which may be
+// another program's Redis.
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEM_REDIS_ADDR") == "" || os.Getenv("IDEM_REDIS_CLUSTER_ADDRS") == "" {
+		fmt.Fprintln(os.Stderr, "store/redis tests need IDEM_REDIS_ADDR and IDEM_REDIS_CLUSTER_ADDRS: "+howTo)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}

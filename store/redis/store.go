@@ -1,0 +1,371 @@
+// Package redis is an [idempotency.Store] on Redis, through go-redis v9. It
+// works with a single server, Redis Cluster, Sentinel (failover clients) and
+// Ring clients.
+//
+// Each record is one hash; every operation is one Lua script on that one key,
+// run with EVALSHA (falling back to EVAL after SCRIPT FLUSH or a restart).
+// Leases and retention are judged by the server's clock (TIME inside the
+// script) and enforced by PEXPIRE, so expired records disappear on their
+// own. The key carries a hash tag derived from the whole storage key, so a
+// cluster spreads records over its nodes while each script stays on one slot.
+//
+// Redis replicates asynchronously: a failover can lose an acknowledged claim
+// or completion. [Options.Replicas] makes claims and completions wait for
+// replicas (WAIT); the package README spells out what each setting can lose.
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Client is what the store needs from a go-redis client: running scripts.
+// *redis.Client (also as built by redis.NewFailoverClient),
+// *redis.ClusterClient, *redis.Ring, *redis.Conn and redis.UniversalClient
+// all satisfy it.
+type Client = goredis.Scripter
+
+// Defaults of [Options].
+const (
+	// DefaultPrefix starts every key the store writes.
+	DefaultPrefix = "idem:"
+	// DefaultMaxValueSize is the largest result or checkpoint value stored:
+	// 1 MiB. Redis accepts up to 512 MB, but a large value blocks the
+	// server while it is copied and replicated.
+	DefaultMaxValueSize = 1 << 20
+	// DefaultReplicaTimeout bounds the WAIT for replicas.
+	DefaultReplicaTimeout = time.Second
+)
+
+// ErrNotReplicated is returned by Claim and Complete when fewer replicas
+// than [Options.Replicas] acknowledged the write within
+// [Options.ReplicaTimeout]. The write was applied on the primary and may or
+// may not survive a failover; repeating the operation with the same token is
+// safe (and waits again).
+var ErrNotReplicated = errors.New("redis store: write not acknowledged by enough replicas")
+
+// errNoNotify is returned by Watch when notifications are off.
+var errNoNotify = errors.New("redis store: Watch needs Options.Notify")
+
+// Options configure a [Store]. The zero value (and nil) means the defaults.
+type Options struct {
+	// Prefix starts every key, to keep the records apart from other data
+	// in the same database. It must not contain '{' or '}', which would
+	// change the key's hash tag. Default [DefaultPrefix].
+	Prefix string
+
+	// MaxValueSize is the largest result (Complete) or checkpoint value
+	// (Checkpoint) accepted, in bytes; a larger one gets
+	// idempotency.ErrTooLarge before anything is written. Default
+	// [DefaultMaxValueSize].
+	MaxValueSize int
+
+	// Replicas, when positive, makes Claim (when it acquires) and Complete
+	// wait until that many replicas acknowledged the write, with WAIT on
+	// the connection that made it (pipelined: no extra round trip), and
+	// fail with [ErrNotReplicated] otherwise. Default 0: do not wait.
+	// The client must be a *redis.Client (plain or failover), a
+	// *redis.ClusterClient, a *redis.Ring or a *redis.Conn.
+	Replicas int
+
+	// ReplicaTimeout bounds the WAIT. Keep it below the client's
+	// ReadTimeout (3 s by default), which bounds the whole pipeline.
+	// Default [DefaultReplicaTimeout].
+	ReplicaTimeout time.Duration
+
+	// Notify makes Complete and Release publish a message on the record's
+	// shard channel (SPUBLISH, Redis 7.0 or later), which wakes [Store.Watch]
+	// without polling. Off by default: with it off, Watch reports that it
+	// cannot watch and callers poll.
+	Notify bool
+}
+
+// Store is an [idempotency.Store] on Redis. It is safe for concurrent use.
+// It implements [idempotency.Watcher] (effective with [Options.Notify]).
+type Store struct {
+	client         Client
+	prefix         string
+	maxValue       int
+	replicas       int
+	replicaTimeout time.Duration
+	notify         string // "1" or "0", passed to the scripts
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Watcher = (*Store)(nil)
+)
+
+// New returns a store on client, which it never closes. opts may be nil.
+// It returns an error wrapping idempotency.ErrInvalidArgument for a nil
+// client or unusable options.
+func New(client Client, opts *Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: redis store: nil client", idempotency.ErrInvalidArgument)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	s := &Store{
+		client:         client,
+		prefix:         o.Prefix,
+		maxValue:       o.MaxValueSize,
+		replicas:       o.Replicas,
+		replicaTimeout: o.ReplicaTimeout,
+		notify:         "0",
+	}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(s.prefix, "{}") {
+		return nil, fmt.Errorf("%w: redis store: prefix %q contains '{' or '}'", idempotency.ErrInvalidArgument, s.prefix)
+	}
+	switch {
+	case s.maxValue == 0:
+		s.maxValue = DefaultMaxValueSize
+	case s.maxValue < 0:
+		return nil, fmt.Errorf("%w: redis store: negative MaxValueSize", idempotency.ErrInvalidArgument)
+	}
+	if s.replicas < 0 {
+		return nil, fmt.Errorf("%w: redis store: negative Replicas", idempotency.ErrInvalidArgument)
+	}
+	switch {
+	case s.replicaTimeout == 0:
+		s.replicaTimeout = DefaultReplicaTimeout
+	case s.replicaTimeout < time.Millisecond:
+		return nil, fmt.Errorf("%w: redis store: ReplicaTimeout below 1ms", idempotency.ErrInvalidArgument)
+	}
+	if s.replicas > 0 {
+		if !canWait(client) {
+			return nil, fmt.Errorf("%w: redis store: Replicas needs a *redis.Client, *redis.ClusterClient, *redis.Ring or *redis.Conn, not %T", idempotency.ErrInvalidArgument, client)
+		}
+	}
+	if o.Notify {
+		if _, ok := client.(subscriber); !ok {
+			return nil, fmt.Errorf("%w: redis store: Notify needs a client with SSubscribe, not %T", idempotency.ErrInvalidArgument, client)
+		}
+		s.notify = "1"
+	}
+	return s, nil
+}
+
+// Key returns the Redis key of the record under storageKey: the prefix, a
+// hash tag of 16 hex digits (FNV-1a, 64 bits, of the storage key), then the
+// storage key itself, e.g. "idem:{9f2c...}6:tenant3:abc". Only the tag
+// decides the Cluster slot, so all operations on one storage key land on
+// one node and different keys spread evenly; the storage key after it keeps
+// keys distinct and readable.
+func (s *Store) Key(storageKey string) string {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(storageKey); i++ {
+		h ^= uint64(storageKey[i])
+		h *= 1099511628211
+	}
+	const hexdigits = "0123456789abcdef"
+	b := make([]byte, 0, len(s.prefix)+18+len(storageKey))
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, hexdigits[(h>>uint(shift))&0xf])
+	}
+	b = append(b, '}')
+	b = append(b, storageKey...)
+	return string(b)
+}
+
+// Claim implements [idempotency.Store.Claim] with one script.
+func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	if r.Lease <= 0 || r.Grace < 0 {
+		return idempotency.ClaimResult{}, fmt.Errorf("%w: redis store: lease %v, grace %v", idempotency.ErrInvalidArgument, r.Lease, r.Grace)
+	}
+	key := s.Key(r.Key)
+	v, waited, err := s.run(ctx, claimScript, key, true, encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace))
+	if err != nil {
+		return idempotency.ClaimResult{}, s.wrap("claim", err)
+	}
+	res, err := decodeClaim(v)
+	if err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	if res.Outcome == idempotency.OutcomeAcquired {
+		if err := s.checkWait(waited); err != nil {
+			return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: %w", err)
+		}
+	}
+	return res, nil
+}
+
+// Renew implements [idempotency.Store.Renew] with one script.
+func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return fmt.Errorf("%w: redis store: lease %v", idempotency.ErrInvalidArgument, lease)
+	}
+	v, _, err := s.run(ctx, renewScript, s.Key(key), false, string(token), millis(lease))
+	return s.done("renew", v, err)
+}
+
+// Checkpoint implements [idempotency.Store.Checkpoint] with one script.
+func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(value) > s.maxValue {
+		return fmt.Errorf("%w: redis store: checkpoint of %d bytes, limit %d", idempotency.ErrTooLarge, len(value), s.maxValue)
+	}
+	v, _, err := s.run(ctx, checkpointScript, s.Key(key), false, string(token), name, value)
+	return s.done("checkpoint", v, err)
+}
+
+// Complete implements [idempotency.Store.Complete] with one script.
+func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(result) > s.maxValue {
+		return fmt.Errorf("%w: redis store: result of %d bytes, limit %d", idempotency.ErrTooLarge, len(result), s.maxValue)
+	}
+	if retention <= 0 {
+		return fmt.Errorf("%w: redis store: retention %v", idempotency.ErrInvalidArgument, retention)
+	}
+	touch := "0"
+	if s.replicas > 0 {
+		touch = "1"
+	}
+	v, waited, err := s.run(ctx, completeScript, s.Key(key), true, string(token), result, millis(retention), touch, s.notify)
+	if err := s.done("complete", v, err); err != nil {
+		return err
+	}
+	if err := s.checkWait(waited); err != nil {
+		return fmt.Errorf("redis store: complete: %w", err)
+	}
+	return nil
+}
+
+// Release implements [idempotency.Store.Release] with one script.
+func (s *Store) Release(ctx context.Context, key string, token idempotency.Token) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	v, _, err := s.run(ctx, releaseScript, s.Key(key), false, string(token), s.notify)
+	return s.done("release", v, err)
+}
+
+// done turns the 1/0 reply of a write under a lease into an error.
+func (s *Store) done(op string, v any, err error) error {
+	if err != nil {
+		return s.wrap(op, err)
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(0):
+		return idempotency.ErrLeaseLost
+	}
+	return fmt.Errorf("redis store: %s: unexpected reply %v", op, v)
+}
+
+// wrap names the operation on a go-redis error; context errors pass through
+// as they are.
+func (s *Store) wrap(op string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("redis store: %s: %w", op, err)
+}
+
+// encodeFingerprint returns the stored form of a fingerprint: "h" and the 32
+// bytes of the digest for the "sha256:" and 64 lowercase hex digits that
+// the idempotency package produces, "=" and the fingerprint as it is for
+// any other. The encoding is one-to-one, so comparing stored forms compares
+// fingerprints byte for byte; it keeps the usual fingerprint at 33 bytes,
+// under Redis's default hash-max-listpack-value (64), so a record without
+// a large result stays in the compact listpack encoding.
+func encodeFingerprint(fp idempotency.Fingerprint) string {
+	const prefix = "sha256:"
+	if len(fp) == len(prefix)+64 && strings.HasPrefix(string(fp), prefix) {
+		var b [33]byte
+		b[0] = 'h'
+		ok := true
+		for i := range 32 {
+			hi, ok1 := lowerHex(fp[len(prefix)+2*i])
+			lo, ok2 := lowerHex(fp[len(prefix)+2*i+1])
+			ok = ok && ok1 && ok2
+			b[1+i] = hi<<4 | lo
+		}
+		if ok {
+			return string(b[:])
+		}
+	}
+	return "=" + string(fp)
+}
+
+func lowerHex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
+}
+
+// millis rounds d up to whole milliseconds, the resolution of PEXPIRE.
+func millis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// decodeClaim reads the claim script's reply.
+func decodeClaim(v any) (idempotency.ClaimResult, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) < 3 {
+		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply %v", v)
+	}
+	outcome, ok1 := a[0].(int64)
+	fence, ok2 := a[1].(int64)
+	attempt, ok3 := a[2].(int64)
+	if !ok1 || !ok2 || !ok3 {
+		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply %v", v)
+	}
+	res := idempotency.ClaimResult{Outcome: idempotency.Outcome(outcome), Fence: fence, Attempt: int(attempt)}
+	switch res.Outcome {
+	case idempotency.OutcomeAcquired:
+		if len(a) > 4 {
+			res.Checkpoints = make(map[string][]byte, (len(a)-4)/2)
+			for i := 4; i+1 < len(a); i += 2 {
+				name, _ := a[i].(string)
+				value, _ := a[i+1].(string)
+				res.Checkpoints[name] = []byte(value)
+			}
+		}
+	case idempotency.OutcomeReplay:
+		if len(a) > 3 {
+			r, _ := a[3].(string)
+			res.Result = []byte(r)
+		}
+	case idempotency.OutcomeInProgress:
+		if len(a) > 3 {
+			ms, _ := a[3].(int64)
+			res.RetryAfter = time.Duration(ms) * time.Millisecond
+		}
+	case idempotency.OutcomeMismatch:
+	default:
+		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected outcome %d", outcome)
+	}
+	return res, nil
+}
