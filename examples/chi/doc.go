@@ -1,0 +1,2 @@
+// Package chi shows the httpidem middleware on a chi router.
+package chi

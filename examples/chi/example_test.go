@@ -1,0 +1,49 @@
+package chi_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/examples/internal/try"
+	"github.com/exactlyonce/idempotency/httpidem"
+	"github.com/exactlyonce/idempotency/store/memory"
+)
+
+// The middleware is a plain func(http.Handler) http.Handler: chi takes it
+// with Use or, for some routes only, With.
+func Example() {
+	runner, err := idempotency.New(memory.New(nil))
+	if err != nil {
+		panic(err)
+	}
+	idem, err := httpidem.New(runner)
+	if err != nil {
+		panic(err)
+	}
+	var charges try.Charges
+	r := chi.NewRouter()
+	r.With(idem).Post("/payments", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"payment":"pay_%d"}`, charges.Charge())
+	})
+	r.Post("/search", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"results":[]}`) // not idempotency-managed
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1000}`))
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1000}`))
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":2000}`)[:3])
+	fmt.Println("charges:", charges.Count())
+	// Output:
+	// 201 replayed="" {"payment":"pay_1"}
+	// 201 replayed="true" {"payment":"pay_1"}
+	// 422
+	// charges: 1
+}

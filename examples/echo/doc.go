@@ -1,0 +1,2 @@
+// Package echo shows the httpidem middleware on an echo server.
+package echo

@@ -1,0 +1,44 @@
+package echo_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/examples/internal/try"
+	"github.com/exactlyonce/idempotency/httpidem"
+	"github.com/exactlyonce/idempotency/store/memory"
+)
+
+// echo.WrapMiddleware turns the net/http middleware into an echo one, for
+// one route or the whole server.
+func Example() {
+	runner, err := idempotency.New(memory.New(nil))
+	if err != nil {
+		panic(err)
+	}
+	idem, err := httpidem.New(runner)
+	if err != nil {
+		panic(err)
+	}
+	var charges try.Charges
+	e := echo.New()
+	e.POST("/payments", func(c echo.Context) error {
+		return c.JSON(http.StatusCreated, map[string]string{"payment": fmt.Sprintf("pay_%d", charges.Charge())})
+	}, echo.WrapMiddleware(idem))
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1000}`))
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1000}`))
+	fmt.Println(try.Post(srv.URL+"/payments", "", `{"amount":1000}`)[:3])
+	fmt.Println("charges:", charges.Count())
+	// Output:
+	// 201 replayed="" {"payment":"pay_1"}
+	// 201 replayed="true" {"payment":"pay_1"}
+	// 400
+	// charges: 1
+}

@@ -1,0 +1,2 @@
+// Package gin shows the httpidem middleware in front of a gin engine.
+package gin

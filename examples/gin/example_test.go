@@ -1,0 +1,50 @@
+package gin_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/examples/internal/try"
+	"github.com/exactlyonce/idempotency/httpidem"
+	"github.com/exactlyonce/idempotency/store/memory"
+)
+
+// A gin engine is an http.Handler, so the middleware wraps it whole;
+// WithRequired says which routes must carry a key (others are
+// de-duplicated only when they carry one). gin's own middleware chain
+// has no slot for a net/http middleware that replaces the response
+// writer, which is why it goes in front of the engine.
+func Example() {
+	gin.SetMode(gin.ReleaseMode)
+	runner, err := idempotency.New(memory.New(nil))
+	if err != nil {
+		panic(err)
+	}
+	idem, err := httpidem.New(runner, httpidem.WithRequired(func(r *http.Request) bool {
+		return r.URL.Path == "/payments"
+	}))
+	if err != nil {
+		panic(err)
+	}
+	var charges try.Charges
+	engine := gin.New()
+	engine.POST("/payments", func(c *gin.Context) {
+		c.JSON(http.StatusCreated, gin.H{"payment": fmt.Sprintf("pay_%d", charges.Charge())})
+	})
+	srv := httptest.NewServer(idem(engine))
+	defer srv.Close()
+
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1000}`))
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1000}`))
+	fmt.Println(try.Post(srv.URL+"/payments", "order-1", `{"amount":1}`)[:3])
+	fmt.Println("charges:", charges.Count())
+	// Output:
+	// 201 replayed="" {"payment":"pay_1"}
+	// 201 replayed="true" {"payment":"pay_1"}
+	// 422
+	// charges: 1
+}
