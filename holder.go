@@ -161,13 +161,27 @@ type Info struct {
 	Attempt int
 }
 
-// FromContext returns the lease of the [Do] call whose fn received ctx.
+// FromContext returns the lease of the [Do] call whose fn received ctx, or
+// the Info an adapter's own execution mode attached with [NewContext].
 func FromContext(ctx context.Context) (Info, bool) {
-	h := holderFrom(ctx)
-	if h == nil {
+	if h := holderFrom(ctx); h != nil {
+		return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
+	}
+	if ctx == nil {
 		return Info{}, false
 	}
-	return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
+	info, ok := ctx.Value(infoKey{}).(Info)
+	return info, ok
+}
+
+type infoKey struct{}
+
+// NewContext returns a copy of ctx carrying info, for adapters that run fn
+// in an execution mode of their own (such as a database transaction) so
+// that [FromContext] and [DownstreamKey] work inside it as they do in
+// [Do]. [Step] still needs [Do]: it returns an error in such a context.
+func NewContext(ctx context.Context, info Info) context.Context {
+	return context.WithValue(ctx, infoKey{}, info)
 }
 
 // DownstreamKey derives an idempotency key for a downstream call (a payment
@@ -178,11 +192,11 @@ func FromContext(ctx context.Context) (Info, bool) {
 // Outside fn it returns an error wrapping [ErrInvalidArgument], never an
 // empty key.
 func DownstreamKey(ctx context.Context, prefix string) (string, error) {
-	h := holderFrom(ctx)
-	if h == nil {
+	info, ok := FromContext(ctx)
+	if !ok || info.StorageKey == "" {
 		return "", invalidArg("DownstreamKey called outside Do")
 	}
-	sum := sha256.Sum256([]byte(h.key))
+	sum := sha256.Sum256([]byte(info.StorageKey))
 	return prefix + ":" + hex.EncodeToString(sum[:16]), nil
 }
 
