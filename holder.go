@@ -25,6 +25,7 @@ type holder struct {
 	mu      sync.Mutex
 	points  map[string][]byte // recovery points: handed over, then made here
 	stopped bool
+	lost    bool // the heartbeat lost the lease and canceled fn
 	hbCtx   context.Context
 	// next is when the next renewal is due, and index the holder's place
 	// in its runner's heartbeat queue (-1: not queued). Guarded by the
@@ -77,17 +78,55 @@ func (h *holder) stopHeartbeat() {
 	h.r.heartbeats.unschedule(h)
 }
 
+// errNotRenewed is why fn is stopped when no renewal succeeded in time.
+var errNotRenewed = errors.New("idempotency: the lease could not be renewed before it could end")
+
+// stopBy is when fn must have stopped unless a renewal succeeds first: a
+// tenth of the lease before the lease can end by the store's clock, which
+// is no earlier than the sending of the last successful renewal plus the
+// lease. Called with mu held.
+func (h *holder) stopBy() time.Time {
+	lease := h.r.cfg.lease
+	return h.renewed.Add(lease - lease/10)
+}
+
 func (h *holder) beat() {
 	r := h.r
+	h.mu.Lock()
+	if h.stopped || h.lost {
+		h.mu.Unlock()
+		return
+	}
+	stopBy := h.stopBy()
+	h.mu.Unlock()
+
+	// The renewal must succeed by stopBy. A store that hangs (a black-holed
+	// network, a driver without timeouts) must not keep fn running into a
+	// taker-over's lease, so fn is stopped at stopBy even while the
+	// renewal is still under way.
+	rctx, cancel := context.WithDeadline(h.hbCtx, stopBy)
+	defer cancel()
+	stopWatch := context.AfterFunc(rctx, func() {
+		if h.hbCtx.Err() != nil || !errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			return // fn is done, or the renewal finished first
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.stopped {
+			h.lose(errNotRenewed)
+		}
+	})
 	sent := time.Now()
-	err := r.retry(h.hbCtx, func(ctx context.Context) error {
+	err := r.retry(rctx, func(ctx context.Context) error {
 		return r.store.Renew(ctx, h.key, h.token, r.cfg.lease)
 	})
+	stopWatch()
+
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.stopped {
-		// fn has returned; whatever this renewal found is for Complete or
-		// Release to find out.
+	if h.stopped || h.lost {
+		// fn has returned, or was stopped: whatever this renewal found is
+		// for Complete or Release to find out.
 		return
 	}
 	interval := r.cfg.lease / 3
@@ -101,23 +140,34 @@ func (h *holder) beat() {
 		return
 	default:
 		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
-		left := time.Until(h.renewed.Add(r.cfg.lease))
+		left := time.Until(h.stopBy())
 		if left <= 0 {
-			// We cannot prove the lease is still ours: stop fn before a
-			// taker-over could start.
 			h.lose(err)
 			return
 		}
-		interval = min(interval, left)
+		// Try again soon, while there is time left.
+		interval = max(min(interval, left/2), time.Millisecond)
 	}
 	h.next = time.Now().Add(interval)
 	r.heartbeats.schedule(h)
 }
 
-// lose cancels fn's context with cause ErrLeaseLost. Called with mu held.
+// lose cancels fn's context with cause ErrLeaseLost, once. Called with mu
+// held.
 func (h *holder) lose(err error) {
+	if h.lost {
+		return
+	}
+	h.lost = true
 	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Err: err})
 	h.cancel(ErrLeaseLost)
+}
+
+// wasLost reports whether the heartbeat found the lease lost.
+func (h *holder) wasLost() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lost
 }
 
 func (h *holder) complete(ctx context.Context, stored []byte) error {

@@ -102,9 +102,11 @@ type Result[T any] struct {
 	// Replayed reports that the result (or error) comes from an earlier run
 	// and fn did not run in this call.
 	Replayed bool
-	// Fence and Attempt are the record's: the fence fn ran under, and how
-	// many times the record was acquired (1 unless taken over).
-	Fence   int64
+	// Fence is the record's fence: the one fn ran under, or for a replay
+	// the one of the run that completed it.
+	Fence int64
+	// Attempt is how many times the record was acquired: 1 unless it was
+	// taken over.
 	Attempt int
 }
 
@@ -303,7 +305,9 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+		if !h.wasLost() { // else the heartbeat has reported it
+			r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+		}
 		if fnErr != nil {
 			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
 		}
@@ -339,7 +343,8 @@ func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool
 		}
 		msg, err := r.cfg.codec.Marshal(fnErr.Error())
 		if err != nil {
-			return []byte{resultNotStored}, true, err
+			// Still a permanent error, without its message.
+			return []byte{resultError}, true, fmt.Errorf("idempotency: encode error message: %w", err)
 		}
 		return encodeResult(resultError, msg), true, nil
 	}
@@ -374,6 +379,9 @@ func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
 		}
 		return v, nil
 	case resultError:
+		if len(payload) == 0 {
+			return v, &StoredError{Message: "idempotency: permanent error (its message could not be stored)"}
+		}
 		var msg string
 		if err := r.cfg.codec.Unmarshal(payload, &msg); err != nil {
 			return v, fmt.Errorf("idempotency: decode stored error: %w", err)
@@ -386,36 +394,53 @@ func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
 
 func isMarkedPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
 
+// maxStoreBackoff bounds the doubling backoff between store attempts.
+const maxStoreBackoff = 5 * time.Second
+
 // retry calls f until it succeeds, fails with an error that is not worth
 // retrying, or runs out of attempts. Each call repeats the same store
-// operation with the same token, which rule 4 of [Store] makes safe.
+// operation with the same token, which rule 4 of [Store] makes safe. With
+// [WithStoreTimeout], each attempt has its own deadline. When ctx ends
+// during a backoff, the error matches both ctx's error and the store's.
 func (r *Runner) retry(ctx context.Context, f func(context.Context) error) error {
 	backoff := r.cfg.storeBackoff
 	for attempt := 1; ; attempt++ {
-		err := f(ctx)
+		err := r.attempt(ctx, f)
 		if err == nil || attempt >= r.cfg.storeAttempts || !retryable(ctx, err) {
 			return err
 		}
 		// Full jitter keeps a crowd of retries from landing together.
 		d := time.Duration(rand.Int64N(int64(backoff) + 1))
-		backoff *= 2
+		backoff = min(2*backoff, maxStoreBackoff)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return errors.Join(ctx.Err(), err)
 		case <-t.C:
 		}
 	}
 }
 
+func (r *Runner) attempt(ctx context.Context, f func(context.Context) error) error {
+	if r.cfg.storeTimeout <= 0 {
+		return f(ctx)
+	}
+	actx, cancel := context.WithTimeout(ctx, r.cfg.storeTimeout)
+	defer cancel()
+	return f(actx)
+}
+
+// retryable reports whether a failed store call is worth repeating: not
+// when the caller's ctx is done or the store gave a definite answer. A
+// deadline the caller did not set (an attempt's, a driver's) leaves the
+// outcome unknown, which a repeat with the same token resolves.
 func retryable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	return !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrTooLarge) &&
-		!errors.Is(err, ErrInvalidArgument) &&
-		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, context.Canceled)
 }
 
 func (r *Runner) observe(ctx context.Context, e Event) {

@@ -677,3 +677,171 @@ func TestHeartbeatKeepsManyLeases(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// renewStore wraps a store whose Renew fails, hangs until its context ends,
+// or hangs regardless of its context, as a store behind a broken network
+// does.
+type renewStore struct {
+	idempotency.Store
+	mode    string        // "fail", "hang", "ignore-ctx"
+	blocked chan struct{} // closed at the end of the test
+}
+
+func (s *renewStore) Renew(ctx context.Context, key string, tok idempotency.Token, lease time.Duration) error {
+	switch s.mode {
+	case "fail":
+		return errNetwork
+	case "hang":
+		<-ctx.Done()
+		return ctx.Err()
+	default:
+		<-s.blocked
+		return errNetwork
+	}
+}
+
+func TestHeartbeatStopsFnBeforeTakeoverWhenRenewalFails(t *testing.T) {
+	// However the renewals fail, fn's context must be canceled before the
+	// lease could end. fn here ignores its context (stuck code), so the key
+	// is taken over, not released: a prober claims it in a loop, and when it
+	// takes over, the first fn's context must already be canceled.
+	const lease = time.Second
+	for _, mode := range []string{"fail", "hang", "ignore-ctx"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			blocked := make(chan struct{})
+			defer close(blocked)
+			s := &renewStore{Store: memory.New(nil), mode: mode, blocked: blocked}
+			r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithStoreRetries(2, time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			firstCtx := make(chan context.Context, 1)
+			first := make(chan error, 1)
+			stuck := make(chan struct{}) // fn ignores its context, as stuck code does
+			go func() {
+				_, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) {
+					firstCtx <- ctx
+					<-stuck
+					return 1, nil
+				})
+				first <- err
+			}()
+			holderCtx := <-firstCtx
+			for {
+				var canceledBefore bool
+				res, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) {
+					canceledBefore = holderCtx.Err() != nil
+					return 2, nil
+				})
+				if errors.Is(err, idempotency.ErrInProgress) {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				if err != nil || res.Attempt != 2 {
+					t.Fatalf("prober: %+v, %v", res, err)
+				}
+				if !canceledBefore {
+					t.Fatal("the prober took over while the first fn's context was still live")
+				}
+				break
+			}
+			close(stuck)
+			if err := <-first; !errors.Is(err, idempotency.ErrLeaseLost) {
+				t.Fatalf("first holder: %v, want ErrLeaseLost", err)
+			}
+			if cause := context.Cause(holderCtx); !errors.Is(cause, idempotency.ErrLeaseLost) {
+				t.Fatalf("cause %v", cause)
+			}
+		})
+	}
+}
+
+// noWatch hides the memory store's Watcher, so waiting polls.
+type noWatch struct{ idempotency.Store }
+
+func TestWaitPollsWithoutWatcher(t *testing.T) {
+	clock := conformancetest.NewClock(t0)
+	r, err := idempotency.New(noWatch{memory.New(&memory.Options{Now: clock.Now})}, idempotency.WithWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	started, release := make(chan struct{}), make(chan struct{})
+	go idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (string, error) {
+		close(started)
+		<-release
+		return "result", nil
+	})
+	<-started
+	time.AfterFunc(50*time.Millisecond, func() { close(release) })
+	res, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (string, error) {
+		t.Error("waiter ran fn")
+		return "", nil
+	})
+	if err != nil || !res.Replayed || res.Value != "result" {
+		t.Fatalf("waiter: %+v, %v", res, err)
+	}
+}
+
+// hangStore's Claim hangs until its context ends.
+type hangStore struct{ idempotency.Store }
+
+func (hangStore) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	<-ctx.Done()
+	return idempotency.ClaimResult{}, ctx.Err()
+}
+
+func TestStoreTimeout(t *testing.T) {
+	r, err := idempotency.New(hangStore{memory.New(nil)}, idempotency.WithStoreTimeout(20*time.Millisecond), idempotency.WithStoreRetries(3, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	_, err = idempotency.Do(context.Background(), r, req("k"), func(ctx context.Context) (int, error) { ran = true; return 1, nil })
+	var se *idempotency.StoreError
+	if ran || !errors.As(err, &se) || se.Ran || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ran=%v err=%v; want a StoreError wrapping the attempt's deadline", ran, err)
+	}
+	if _, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(-1)); !errors.Is(err, idempotency.ErrInvalidArgument) {
+		t.Fatalf("negative timeout: %v", err)
+	}
+}
+
+func TestCanceledDuringBackoffMatchesContext(t *testing.T) {
+	r, err := idempotency.New(downStore{memory.New(nil)}, idempotency.WithStoreRetries(5, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) { return 1, nil })
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errNetwork) {
+		t.Fatalf("err = %v; want it to match both the context's error and the store's", err)
+	}
+}
+
+// failCodec cannot encode strings, so a permanent error's message cannot
+// be stored.
+type failCodec struct{ idempotency.JSONCodec }
+
+func (c failCodec) Marshal(v any) ([]byte, error) {
+	if _, ok := v.(string); ok {
+		return nil, errors.New("cannot encode strings")
+	}
+	return c.JSONCodec.Marshal(v)
+}
+
+func TestPermanentErrorWithUnstorableMessage(t *testing.T) {
+	r, _, _ := newRunner(t, idempotency.WithCodec(failCodec{}))
+	ctx := context.Background()
+	_, _ = idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) {
+		return 0, idempotency.Permanent(errors.New("card declined"))
+	})
+	_, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) { return 1, nil })
+	var se *idempotency.StoredError
+	if !errors.As(err, &se) || errors.Is(err, idempotency.ErrResultNotStored) {
+		t.Fatalf("err = %v; want a stored permanent error, not 'result not stored'", err)
+	}
+}

@@ -50,7 +50,9 @@ func validateText(s, what string) error {
 // StorageKey encodes scope parts and a client key into the storage key
 // handed to a [Store]. Every part is length-prefixed ("6:tenant3:abc"), so
 // no choice of parts can produce another scope's key: ("a:b", "c") and
-// ("a", "b:c") encode differently. It validates the parts as [Do] does.
+// ("a", "b:c") encode differently. It validates the parts as [Do] does
+// with the default key length limit; [Runner.StorageKey] applies the
+// runner's own limit.
 func StorageKey(scope []string, key string) (string, error) {
 	return storageKey(scope, key, DefaultMaxKeyLength)
 }

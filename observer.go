@@ -52,11 +52,13 @@ func (k EventKind) String() string {
 
 // Event describes one outcome of a call of [Do].
 type Event struct {
+	// Kind says what happened.
 	Kind EventKind
 	// Key is the storage key (scope and client key).
 	Key string
-	// Fence and Attempt are the record's, when known.
-	Fence   int64
+	// Fence is the record's fence, when known.
+	Fence int64
+	// Attempt is the record's attempt count, when known.
 	Attempt int
 	// Duration is, for EventCompleted and EventReleased, the time from
 	// acquisition to the end of the call; otherwise the time the store

@@ -31,6 +31,7 @@ type config struct {
 	maxResult               int
 	storeAttempts           int
 	storeBackoff            time.Duration
+	storeTimeout            time.Duration
 }
 
 func defaultConfig() config {
@@ -68,6 +69,8 @@ func (c *config) validate() error {
 		return invalidArg("store attempts must be positive, got %d", c.storeAttempts)
 	case c.storeBackoff < 0:
 		return invalidArg("store backoff must not be negative, got %v", c.storeBackoff)
+	case c.storeTimeout < 0:
+		return invalidArg("store timeout must not be negative, got %v", c.storeTimeout)
 	}
 	return nil
 }
@@ -145,6 +148,17 @@ func WithMaxResultSize(n int) Option {
 // 20ms backoff.
 func WithStoreRetries(attempts int, backoff time.Duration) Option {
 	return optionFunc(func(c *config) { c.storeAttempts, c.storeBackoff = attempts, backoff })
+}
+
+// WithStoreTimeout bounds each store call attempt. A call that times out
+// has an unknown outcome and is repeated with the same token (see
+// [WithStoreRetries]). Set it when the context given to [Do] may never be
+// canceled (the calls after fn run on a context detached from the
+// caller's), or when the store's driver has no timeouts of its own, so a
+// black-holed network gives an error instead of a hang. The heartbeat is
+// bounded by the lease regardless. Default: 0, no timeout of its own.
+func WithStoreTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.storeTimeout = d })
 }
 
 // Codec encodes the values that are stored.
