@@ -160,8 +160,9 @@ func needsWatcher(c Capabilities) (bool, string) {
 // Cases that depend on time advance the clock under ControlledClock and
 // sleep otherwise. The cases that start thousands of claims run first, one
 // at a time; then all the others run at once (Run returns when all are
-// done). Cases for optional behaviour the store does not declare in caps
-// are skipped.
+// done), so newStore is called from several goroutines at once and must be
+// safe for that. Cases for optional behaviour the store does not declare in
+// caps are skipped; a declared capability the store lacks fails.
 func Run(t *testing.T, newStore func(t *testing.T, clock *Clock) idempotency.Store, caps Capabilities) {
 	t.Helper()
 	if newStore == nil {
