@@ -1,0 +1,221 @@
+// Command report runs the benchmark workloads on every backend whose server
+// is configured (the memory store always), prints a Markdown table of the
+// figures and writes a bar chart of the throughput as SVG.
+//
+//	go run ./benchmarks/cmd/report [-duration 1s] [-count 1] [-svg benchmarks/results.svg] [-backends memory,postgres]
+//
+// The servers come from IDEM_POSTGRES_URL, IDEM_REDIS_ADDR and
+// IDEM_REDIS_CLUSTER_ADDRS, as for the benchmarks; a backend whose variable
+// is unset is left out (and said so), unless -backends names it, in which
+// case its absence is an error. The figures are those of
+// go test -bench ./benchmarks/, measured the same way (testing.Benchmark on
+// the same workload functions).
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency/benchmarks/internal/bench"
+)
+
+// row is the figures of one workload on one backend.
+type row struct {
+	backend, workload string
+	nsPerOp           float64
+	allocsPerOp       int64
+	bytesPerOp        int64
+	extra             map[string]float64 // b.ReportMetric figures
+}
+
+func (r row) opsPerSec() float64 { return 1e9 / r.nsPerOp }
+
+func main() {
+	testing.Init() // registers -test.benchtime, which testing.Benchmark follows
+	fs := flag.NewFlagSet("report", flag.ExitOnError)
+	duration := fs.Duration("duration", time.Second, "how long each workload runs on each backend")
+	svgPath := fs.String("svg", "benchmarks/results.svg", "where to write the SVG chart (empty: do not write it)")
+	count := fs.Int("count", 1, "runs of each workload on each backend; the run with the median ns/op is reported")
+	only := fs.String("backends", "", "comma-separated backends to run (default: memory and every backend whose server variable is set)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: report [flags]\n\nRuns the workloads of benchmarks/ on each backend and prints a Markdown table.\n\n")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(os.Args[1:])
+	if *count < 1 {
+		fatal(fmt.Errorf("-count must be at least 1, got %d", *count))
+	}
+	if err := flag.Set("test.benchtime", duration.String()); err != nil {
+		fatal(err)
+	}
+
+	backends, skipped, err := choose(*only)
+	if err != nil {
+		fatal(err)
+	}
+	ctx := context.Background()
+	var rows []row
+	var failed []string
+	for _, name := range backends {
+		fmt.Fprintf(os.Stderr, "report: %s:", name)
+		be, err := bench.Open(ctx, name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr)
+			failed = append(failed, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		for _, w := range bench.Workloads {
+			fmt.Fprintf(os.Stderr, " %s", w.Name)
+			r, err := measure(be, w, *count)
+			if err != nil {
+				failed = append(failed, fmt.Sprintf("%s/%s: %v", name, w.Name, err))
+				continue
+			}
+			rows = append(rows, r)
+		}
+		fmt.Fprintln(os.Stderr)
+		if err := be.Close(); err != nil {
+			failed = append(failed, fmt.Sprintf("%s: close: %v", name, err))
+		}
+	}
+
+	env := environment(*duration, *count)
+	writeMarkdown(os.Stdout, rows, skipped, failed, env)
+	if *svgPath != "" && len(rows) > 0 {
+		if err := os.WriteFile(*svgPath, []byte(chart(rows, env)), 0o644); err != nil {
+			fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "report: wrote %s\n", *svgPath)
+	}
+	if len(failed) > 0 {
+		os.Exit(1)
+	}
+}
+
+// measure runs w on be count times and returns the run with the median
+// ns/op, which a burst of load from other processes moves less than the
+// mean.
+func measure(be *bench.Backend, w bench.Workload, count int) (row, error) {
+	var runs []row
+	for range count {
+		var werr error
+		res := testing.Benchmark(func(b *testing.B) {
+			if err := w.Run(b, be); err != nil {
+				werr = err
+				b.FailNow()
+			}
+		})
+		if werr == nil && res.N == 0 {
+			werr = errors.New("no operations ran")
+		}
+		if werr != nil {
+			return row{}, werr
+		}
+		runs = append(runs, row{
+			backend: be.Name, workload: w.Name,
+			nsPerOp:     float64(res.T.Nanoseconds()) / float64(res.N),
+			allocsPerOp: res.AllocsPerOp(), bytesPerOp: res.AllocedBytesPerOp(),
+			extra: res.Extra,
+		})
+	}
+	slices.SortFunc(runs, func(a, b row) int { return cmp.Compare(a.nsPerOp, b.nsPerOp) })
+	return runs[len(runs)/2], nil
+}
+
+// choose returns the backends to run: those named, or memory and every
+// backend whose server variable is set, with the others as skipped.
+func choose(only string) (run, skipped []string, err error) {
+	if only != "" {
+		for _, name := range strings.Split(only, ",") {
+			if !slices.Contains(bench.Backends, name) {
+				return nil, nil, fmt.Errorf("unknown backend %q (want some of %s)", name, strings.Join(bench.Backends, ","))
+			}
+			run = append(run, name)
+		}
+		return run, nil, nil
+	}
+	for _, name := range bench.Backends {
+		if v := bench.Var(name); v != "" && os.Getenv(v) == "" {
+			skipped = append(skipped, name+" ("+v+" not set)")
+			continue
+		}
+		run = append(run, name)
+	}
+	return run, skipped, nil
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "report:", err)
+	os.Exit(2)
+}
+
+// environment describes the machine and the settings in one line.
+func environment(d time.Duration, count int) string {
+	runs := fmt.Sprintf("%v per workload", d)
+	if count > 1 {
+		runs = fmt.Sprintf("median of %d runs of %v per workload", count, d)
+	}
+	return fmt.Sprintf("%s/%s, %d CPUs, GOMAXPROCS %d, %s; %s; parallel workloads on %d goroutines",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runs,
+		bench.Parallelism*runtime.GOMAXPROCS(0))
+}
+
+func writeMarkdown(w io.Writer, rows []row, skipped, failed []string, env string) {
+	fmt.Fprintf(w, "Workloads through idempotency.Do with a %d-byte JSON result (%s).\n\n", bench.ResultSize, env)
+	fmt.Fprintln(w, "| backend | workload | ns/op | ops/s | allocs/op | B/op | round trips/op |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|")
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %d | %d | %.2f |\n",
+			r.backend, r.workload, group(r.nsPerOp), group(r.opsPerSec()), r.allocsPerOp, r.bytesPerOp, r.extra["roundtrips/op"])
+	}
+	var contended []row
+	for _, r := range rows {
+		if r.workload == "contended" {
+			contended = append(contended, r)
+		}
+	}
+	if len(contended) > 0 {
+		fmt.Fprintf(w, "\nOutcomes of the contended workload (%d hot keys, %d requests each), per operation:\n\n", bench.HotKeys, bench.PerKey)
+		fmt.Fprintln(w, "| backend | acquired | replayed | in progress |")
+		fmt.Fprintln(w, "|---|--:|--:|--:|")
+		for _, r := range contended {
+			fmt.Fprintf(w, "| %s | %.3f | %.3f | %.3f |\n", r.backend, r.extra["acquired/op"], r.extra["replayed/op"], r.extra["inprogress/op"])
+		}
+	}
+	fmt.Fprintln(w, "\nWorkloads:")
+	for _, wl := range bench.Workloads {
+		fmt.Fprintf(w, "- %s: %s.\n", wl.Name, wl.Doc)
+	}
+	if len(skipped) > 0 {
+		fmt.Fprintf(w, "\nNot run: %s.\n", strings.Join(skipped, ", "))
+	}
+	if len(failed) > 0 {
+		fmt.Fprintln(w, "\nFailed:")
+		for _, f := range failed {
+			fmt.Fprintf(w, "- %s\n", f)
+		}
+	}
+}
+
+// group formats x rounded to an integer with thousands separated by commas.
+func group(x float64) string {
+	s := fmt.Sprintf("%.0f", x)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
