@@ -53,6 +53,16 @@ const (
 //   - a panic: the claim and fn's writes are rolled back and the panic
 //     goes on.
 //
+// fn's context carries the lease as [idempotency.Do] gives it to fn: the
+// client key, the storage key, the fence and the attempt, so
+// [idempotency.FromContext] and [idempotency.DownstreamKey] work inside fn
+// (the downstream key is the same in every attempt of the request, also
+// after a rollback). [idempotency.Step] is not supported in transactional
+// mode and returns an error wrapping [idempotency.ErrInvalidArgument]
+// without running its step: the transaction itself is the recovery point,
+// as fn's writes commit together with the result or not at all, so there
+// is no partial progress to resume.
+//
 // Serialization failures and deadlocks (SQLSTATE 40001, 40P01), which
 // lose the whole transaction, give an error matching [ErrRetryable]: run
 // the transaction again from the start, as [RunInTx] does. Other database
@@ -130,7 +140,8 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 			_ = undoClaim(cctx, tx)
 		}
 	}()
-	v, fnErr := fn(ctx, tx)
+	fctx := idempotency.NewContext(ctx, idempotency.Info{Key: req.Key, StorageKey: key, Fence: out.Fence, Attempt: out.Attempt})
+	v, fnErr := fn(fctx, tx)
 	panicked = false
 
 	stored, keep, _ := idempotency.EncodeOutcome(r, v, fnErr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,6 +198,124 @@ func TestTxRollbackThenRunOnce(t *testing.T) {
 	}
 	if n := e.effectRows(t, key); n != 1 {
 		t.Fatalf("%d effect rows, want 1", n)
+	}
+}
+
+// fn's context in DoTx carries the lease as Do's does: FromContext gives
+// the client key, storage key, fence and attempt of the claim, and
+// DownstreamKey is the same when the caller rolls its transaction back and
+// runs the request again, and when DoTx takes over a record a crashed Do
+// holder left STARTED. Step is refused without running its step: the
+// transaction is the recovery point.
+func TestTxContextCarriesLease(t *testing.T) {
+	e := newTxEnv(t, nil)
+	ctx := t.Context()
+
+	type run struct {
+		info    idempotency.Info
+		ok      bool
+		down    string
+		downErr error
+		stepErr error
+		stepRan bool
+	}
+	var runs []run
+	fn := func(ctx context.Context, tx pgx.Tx) (string, error) {
+		var r run
+		r.info, r.ok = idempotency.FromContext(ctx)
+		r.down, r.downErr = idempotency.DownstreamKey(ctx, "pay")
+		_, r.stepErr = idempotency.Step(ctx, "charge", func(context.Context) (int, error) {
+			r.stepRan = true
+			return 1, nil
+		})
+		runs = append(runs, r)
+		return r.down, r.downErr
+	}
+	errRollback := errors.New("the caller rolls back")
+	// doTx runs DoTx for rq in a transaction that commits, or rolls back
+	// after DoTx succeeded.
+	doTx := func(rq idempotency.Request, commit bool) idempotency.Result[string] {
+		t.Helper()
+		var res idempotency.Result[string]
+		err := postgres.RunInTx(ctx, e.pool, pgx.TxOptions{}, 1, func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			res, err = postgres.DoTx(ctx, e.runner, tx, rq, fn)
+			if err == nil && !commit {
+				err = errRollback
+			}
+			return err
+		})
+		if commit && err != nil || !commit && !errors.Is(err, errRollback) {
+			t.Fatalf("DoTx(%s), commit %v: %v", rq.Key, commit, err)
+		}
+		return res
+	}
+	// check compares what fn saw in its last run with the claim's result.
+	check := func(what string, rq idempotency.Request, res idempotency.Result[string], attempt int) run {
+		t.Helper()
+		sk, err := e.runner.StorageKey(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := runs[len(runs)-1]
+		want := idempotency.Info{Key: rq.Key, StorageKey: sk, Fence: res.Fence, Attempt: attempt}
+		if !r.ok || r.info != want || res.Attempt != attempt {
+			t.Errorf("%s: FromContext in fn = %+v, %v (result attempt %d); want %+v", what, r.info, r.ok, res.Attempt, want)
+		}
+		if r.downErr != nil || !strings.HasPrefix(r.down, "pay:") || len(r.down) != len("pay:")+32 {
+			t.Errorf("%s: DownstreamKey in fn = %q, %v", what, r.down, r.downErr)
+		}
+		if !errors.Is(r.stepErr, idempotency.ErrInvalidArgument) || r.stepRan {
+			t.Errorf("%s: Step in fn: %v, step ran %v; want ErrInvalidArgument without running it", what, r.stepErr, r.stepRan)
+		}
+		return r
+	}
+
+	// A request run, rolled back by the caller, run again and committed,
+	// then replayed.
+	rq := req("ctx-" + randomHex(4))
+	rolledBack := doTx(rq, false)
+	a := check("first run (rolled back)", rq, rolledBack, 1)
+	committed := doTx(rq, true)
+	b := check("second run (committed)", rq, committed, 1)
+	if a.down != b.down {
+		t.Errorf("DownstreamKey changed across the rollback: %q, then %q", a.down, b.down)
+	}
+	if committed.Fence <= rolledBack.Fence {
+		t.Errorf("fence %d after the rollback, not above the rolled-back claim's %d", committed.Fence, rolledBack.Fence)
+	}
+	replay := doTx(rq, true)
+	if !replay.Replayed || replay.Value != b.down || len(runs) != 2 {
+		t.Fatalf("third call: %+v after %d runs of fn; want a replay of %q without running fn", replay, len(runs), b.down)
+	}
+	if _, ok := idempotency.FromContext(ctx); ok {
+		t.Error("FromContext outside fn reports a lease")
+	}
+
+	// Another request: rolled back once, then its key is claimed by a
+	// holder (as Do claims it) that dies; DoTx takes the record over
+	// once the lease is over, in attempt 2, with the same downstream key.
+	rq2 := req("ctx2-" + randomHex(4))
+	c := check("other request (rolled back)", rq2, doTx(rq2, false), 1)
+	if c.down == a.down {
+		t.Errorf("two requests share the downstream key %q", c.down)
+	}
+	sk2, err := e.runner.StorageKey(rq2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := e.store.Claim(ctx, idempotency.ClaimRequest{Key: sk2, Fingerprint: rq2.Fingerprint, Token: "dead-holder", Lease: time.Millisecond, Grace: time.Hour})
+	if err != nil || dead.Outcome != idempotency.OutcomeAcquired {
+		t.Fatalf("claim of the dying holder: %+v, %v", dead, err)
+	}
+	time.Sleep(50 * time.Millisecond) // past the 1ms lease; the record stays an hour
+	took := doTx(rq2, true)
+	d := check("takeover", rq2, took, 2)
+	if d.down != c.down {
+		t.Errorf("DownstreamKey changed in the takeover: %q, then %q", c.down, d.down)
+	}
+	if took.Fence <= dead.Fence {
+		t.Errorf("takeover fence %d not above the dead holder's %d", took.Fence, dead.Fence)
 	}
 }
 

@@ -24,8 +24,23 @@ import (
 )
 
 func claimReq(key string, tok idempotency.Token, lease time.Duration) idempotency.ClaimRequest {
-	return idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Token: tok, Lease: lease, Grace: lease}
+	return claimGrace(key, tok, lease, lease)
 }
+
+func claimGrace(key string, tok idempotency.Token, lease, grace time.Duration) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Token: tok, Lease: lease, Grace: grace}
+}
+
+// Timing of the tests that wait for a lease or a record to end. A wait
+// meant to pass a deadline sleeps past it (a sleep never ends early, so
+// that side needs no margin beyond clock noise); a step that must happen
+// before a later deadline gets a grace of seconds, which a loaded machine
+// running -race does not eat up.
+const (
+	shortLease = 200 * time.Millisecond // a lease the test lets run out
+	longGrace  = 10 * time.Second       // keeps a record after shortLease, for a takeover
+	pastLease  = shortLease + 50*time.Millisecond
+)
 
 func mustClaim(t *testing.T, s *idemredis.Store, r idempotency.ClaimRequest, want idempotency.Outcome) idempotency.ClaimResult {
 	t.Helper()
@@ -340,18 +355,19 @@ func TestFencesFromServerClock(t *testing.T) {
 	s := newStore(t, c, nil)
 	const key = "3:abc"
 	before := serverMicros(t, c)
-	first := mustClaim(t, s, claimReq(key, "a", 50*time.Millisecond), idempotency.OutcomeAcquired)
+	first := mustClaim(t, s, claimGrace(key, "a", shortLease, longGrace), idempotency.OutcomeAcquired)
 	after := serverMicros(t, c)
 	if first.Fence < before || first.Fence > after {
 		t.Fatalf("fresh fence %d not within the server's clock [%d, %d] µs", first.Fence, before, after)
 	}
-	time.Sleep(60 * time.Millisecond) // lease over, grace (50ms) not yet
-	took := mustClaim(t, s, claimReq(key, "b", 50*time.Millisecond), idempotency.OutcomeAcquired)
+	time.Sleep(pastLease) // lease over; the record stays for longGrace more
+	took := mustClaim(t, s, claimReq(key, "b", shortLease), idempotency.OutcomeAcquired)
 	if took.Fence <= first.Fence || took.Attempt != 2 {
 		t.Fatalf("takeover: fence %d attempt %d after fence %d", took.Fence, took.Attempt, first.Fence)
 	}
-	// Let the record expire entirely (lease + grace): the key is gone.
-	time.Sleep(120 * time.Millisecond)
+	// Let the record expire entirely (lease + grace = 2*shortLease): the
+	// key is gone.
+	time.Sleep(2*shortLease + 100*time.Millisecond)
 	if n, err := c.Exists(context.Background(), s.Key(key)).Result(); err != nil || n != 0 {
 		t.Fatalf("record still exists after lease and grace: %d, %v", n, err)
 	}
@@ -376,12 +392,12 @@ func TestTakeoverFenceAboveClock(t *testing.T) {
 	s := newStore(t, c, nil)
 	ctx := context.Background()
 	const key = "3:abc"
-	mustClaim(t, s, claimReq(key, "a", 20*time.Millisecond), idempotency.OutcomeAcquired)
+	mustClaim(t, s, claimGrace(key, "a", shortLease, longGrace), idempotency.OutcomeAcquired)
 	future := serverMicros(t, c) + int64(time.Hour/time.Microsecond)
 	if err := c.HSet(ctx, s.Key(key), "n", future).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(30 * time.Millisecond)
+	time.Sleep(pastLease) // lease over; the record stays for longGrace more
 	res := mustClaim(t, s, claimReq(key, "b", time.Minute), idempotency.OutcomeAcquired)
 	if res.Fence != future+1 {
 		t.Fatalf("takeover fence %d, want %d", res.Fence, future+1)
@@ -585,7 +601,10 @@ func TestWaitForReplicas(t *testing.T) {
 		t.Fatalf("the single server has no replica (%d, %v): scripts/servers/redis.sh starts one", n, err)
 	}
 	prefix := uniquePrefix()
-	one := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: 1})
+	// The WAIT for the one replica returns as soon as it acknowledges; the
+	// timeout (below the client's 3s ReadTimeout) only bounds a slow
+	// acknowledgement on a loaded machine.
+	one := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: 1, ReplicaTimeout: 2500 * time.Millisecond})
 	two := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: 2, ReplicaTimeout: 50 * time.Millisecond})
 
 	mustClaim(t, one, claimReq("3:abc", "a", time.Minute), idempotency.OutcomeAcquired)
