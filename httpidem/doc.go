@@ -14,8 +14,14 @@
 //
 // The middleware runs on an [idempotency.Runner], so it works on any
 // store: the in-memory one for a single process and tests, PostgreSQL,
-// Redis, etcd or MongoDB for a fleet. Because it is a plain
-// func(http.Handler) http.Handler, it fits chi, gorilla/mux and echo
-// (echo.WrapMiddleware) directly, and gin by wrapping the engine; the
-// examples module shows each.
+// Redis, etcd or MongoDB for a fleet. Make that runner with
+// [idempotency.WithStoreTimeout]: the middleware's store calls outlive
+// the client's connection, so without a timeout a store that stops
+// answering hangs the requests instead of failing them with 503:
+//
+//	runner, err := idempotency.New(store, idempotency.WithStoreTimeout(2*time.Second))
+//
+// Because the middleware is a plain func(http.Handler) http.Handler, it
+// fits chi, gorilla/mux and echo (echo.WrapMiddleware) directly, and gin
+// by wrapping the engine; the examples module shows each.
 package httpidem

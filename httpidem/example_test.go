@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/httpidem"
@@ -16,7 +17,9 @@ import (
 // A payments endpoint behind the middleware: the client's retry with the
 // same key gets the first response, and the card is charged once.
 func ExampleNew() {
-	runner, err := idempotency.New(memory.New(nil))
+	// A store timeout turns a store that stops answering into 503s
+	// instead of requests that hang.
+	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
 	if err != nil {
 		panic(err)
 	}
@@ -60,7 +63,7 @@ func ExampleNew() {
 // A client whose first attempt meets an overloaded server: the transport
 // retries with the same key and body, and the payment happens once.
 func ExampleTransport() {
-	runner, err := idempotency.New(memory.New(nil))
+	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
 	if err != nil {
 		panic(err)
 	}

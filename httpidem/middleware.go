@@ -44,8 +44,19 @@ var ErrServerError = errors.New("httpidem: handler answered with a server error"
 // in the handler releases the key too, and is propagated. 1xx responses,
 // Set-Cookie and hop-by-hop headers are never stored.
 //
-// The response is buffered and stored before any of it is sent, so a
-// client that gets a response can count on its retries getting the same.
+// The response is buffered and stored before any of it is sent, so once
+// it is stored every retry within retention gets the same response. The
+// handler's response is sent to its client even when it could not be
+// stored, because the handler's effect has happened: when the store fails
+// after the handler ran ([idempotency.StoreError] with Ran set), the
+// record stays STARTED, a retry gets 409 until its lease ends, and a retry
+// after that takes it over and runs the handler again; when the lease was
+// lost while the handler ran, another request has already taken the record
+// over and runs the handler again, and retries get that run's response,
+// which may differ. In both cases the second run has a greater fence and
+// the recovery points ([idempotency.Step]) recorded so far: guard the
+// handler's effects with those and with downstream keys
+// ([idempotency.DownstreamKey]) so that a second run does not repeat them.
 // A response larger than the stored limit ([WithMaxResponseSize]) is
 // streamed to its client instead, and only a marker is stored.
 //
@@ -58,6 +69,14 @@ var ErrServerError = errors.New("httpidem: handler answered with a server error"
 // waiting are the runner's options ([idempotency.WithLease], default 30s;
 // [idempotency.WithRetention], default 24h; [idempotency.WithWait],
 // default none).
+//
+// Give the runner a store timeout ([idempotency.WithStoreTimeout], say a
+// second or two): because the store calls do not end when the client goes
+// away, only the runner's timeout bounds them, and without it (or a
+// timeout in the store's driver) a store that stops answering, such as a
+// black-holed network, hangs every request instead of answering 503. With
+// it, a Claim that times out on every attempt gives 503 and the handler
+// does not run.
 //
 // New returns an error wrapping [idempotency.ErrInvalidArgument] for a nil
 // runner or an invalid option.

@@ -397,6 +397,49 @@ func TestStoreDown(t *testing.T) {
 	}
 }
 
+// hangingStore is a black-holed store: Claim never answers, it only
+// returns when its context is done, as a driver without timeouts does
+// when the network drops packets.
+type hangingStore struct {
+	*memory.Store
+	claims atomic.Int64
+}
+
+func (s *hangingStore) Claim(ctx context.Context, _ idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	s.claims.Add(1)
+	<-ctx.Done()
+	return idempotency.ClaimResult{}, ctx.Err()
+}
+
+// The request's own context is never canceled here, and the middleware
+// detaches the store calls from it anyway: only the runner's store
+// timeout can end them, and then the client gets 503, not a hang.
+func TestStoreHangsTimesOut(t *testing.T) {
+	p := &payments{}
+	hs := &hangingStore{Store: memory.New(nil)}
+	h := wrap(t, newRunner(t, hs,
+		idempotency.WithStoreTimeout(50*time.Millisecond),
+		idempotency.WithStoreRetries(2, time.Millisecond)), p)
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- do(h, "POST", "/payments", "k", `{}`) }()
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-done:
+	case <-time.After(30 * time.Second): // a hang, not a measurement
+		t.Fatal("the request still hangs on the black-holed store")
+	}
+	problem(t, w, http.StatusServiceUnavailable, httpidem.ProblemStoreUnavailable)
+	if w.Header().Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	if p.runs.Load() != 0 {
+		t.Fatal("the handler ran although the store never answered")
+	}
+	if n := hs.claims.Load(); n != 2 {
+		t.Fatalf("claims %d, want 2: each attempt timed out, then the runner gave up", n)
+	}
+}
+
 // completeFails is the memory store whose Complete fails: the handler
 // has run, but its result cannot be recorded.
 type completeFails struct{ *memory.Store }

@@ -48,9 +48,19 @@ const (
 // Problem is an RFC 9457 problem details object, the body of every error
 // response the middleware writes.
 type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
+	// Type is a URI identifying the kind of problem: one of the Problem*
+	// constants, whose documentation says what happened and what to do.
+	// Clients should branch on it, not on Title or Detail.
+	Type string `json:"type"`
+	// Title is a short human-readable summary of the problem type; it is
+	// the same for every occurrence of the type.
+	Title string `json:"title"`
+	// Status is the HTTP status code of the response, repeated in the
+	// body for clients that only keep the body.
+	Status int `json:"status"`
+	// Detail explains this occurrence of the problem for a human, such as
+	// which key rule was broken. It may be empty and is not meant to be
+	// parsed.
 	Detail string `json:"detail,omitempty"`
 }
 

@@ -58,8 +58,12 @@ type Transport struct {
 	// up on a slow attempt and retries gets the first attempt's response
 	// replayed once it is stored. 0 means no bound.
 	AttemptTimeout time.Duration
-	// MinBackoff and MaxBackoff bound the backoff. 0 means
-	// [DefaultMinBackoff] and [DefaultMaxBackoff].
+	// MinBackoff is the backoff before the first retry; it doubles after
+	// every attempt until it reaches MaxBackoff, and stays there however
+	// many attempts MaxAttempts allows. Each wait is drawn from
+	// [0, backoff], so no wait exceeds MaxBackoff unless a Retry-After
+	// asks for longer. 0 means [DefaultMinBackoff] and
+	// [DefaultMaxBackoff].
 	MinBackoff, MaxBackoff time.Duration
 
 	// Sleep waits d or until ctx is done (returning its error). Nil means
@@ -122,7 +126,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		wait := t.jitter(min(backoff, maxBackoff))
-		backoff *= 2
+		// Double up to the cap and stay there: doubling without bound
+		// would overflow after a few dozen attempts into a negative
+		// backoff, and the retries would run in a tight loop.
+		if backoff >= maxBackoff/2 {
+			backoff = maxBackoff
+		} else {
+			backoff *= 2
+		}
 		if resp != nil {
 			if ra, ok := retryAfter(resp.Header.Get("Retry-After"), now); ok && ra > wait {
 				wait = ra

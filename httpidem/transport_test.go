@@ -282,6 +282,55 @@ func TestTransportFullJitter(t *testing.T) {
 	}
 }
 
+// Many attempts: the backoff doubles up to MaxBackoff and stays there.
+// Doubling without a cap overflowed after about 36 attempts into a
+// negative backoff, and the retries ran with no wait at all.
+func TestTransportBackoffCappedOverManyAttempts(t *testing.T) {
+	s := &statusServer{statuses: []int{503}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	const attempts = 200
+	for _, jitter := range []struct {
+		name string
+		f    func(time.Duration) time.Duration
+	}{
+		{"top of range", func(d time.Duration) time.Duration { return d }},
+		{"uniform", nil},
+	} {
+		s.attempts.Store(0)
+		clock := newFakeTime()
+		tr := clock.transport(nil)
+		tr.MaxAttempts = attempts
+		tr.MaxElapsed = 1000 * time.Hour
+		tr.MinBackoff = 100 * time.Millisecond
+		tr.MaxBackoff = 2 * time.Second
+		tr.Jitter = jitter.f
+		resp, _ := post(t, tr, srv.URL, "k", "b")
+		sleeps := clock.Sleeps()
+		if resp.StatusCode != 503 || s.attempts.Load() != attempts || len(sleeps) != attempts-1 {
+			t.Fatalf("%s: %d after %d attempts and %d waits, want 503 after %d attempts",
+				jitter.name, resp.StatusCode, s.attempts.Load(), len(sleeps), attempts)
+		}
+		var total time.Duration
+		for i, d := range sleeps {
+			if d < 0 || d > tr.MaxBackoff {
+				t.Fatalf("%s: wait %d is %v, outside [0, %v]", jitter.name, i+1, d, tr.MaxBackoff)
+			}
+			// 100ms, 200ms, ..., 1.6s, then the cap: from the sixth wait
+			// on, the top of the range is the cap itself.
+			if jitter.f != nil && i >= 5 && d != tr.MaxBackoff {
+				t.Fatalf("%s: wait %d is %v, want the cap %v", jitter.name, i+1, d, tr.MaxBackoff)
+			}
+			total += d
+		}
+		// Uniform waits in [0, 2s] over 199 retries average 1s: a loop
+		// that stopped waiting would total far less.
+		if jitter.f == nil && total < 100*time.Second {
+			t.Fatalf("%s: %d waits total only %v", jitter.name, len(sleeps), total)
+		}
+	}
+}
+
 func TestTransportRetryAfterBeyondBudget(t *testing.T) {
 	for _, ra := range []string{"120", time.Date(2026, 1, 1, 0, 2, 0, 0, time.UTC).Format(http.TimeFormat)} {
 		s := &statusServer{statuses: []int{429, 200}, retryAfter: ra}
