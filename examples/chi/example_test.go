@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -16,7 +17,7 @@ import (
 // The middleware is a plain func(http.Handler) http.Handler: chi takes it
 // with Use or, for some routes only, With.
 func Example() {
-	runner, err := idempotency.New(memory.New(nil))
+	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
 	if err != nil {
 		panic(err)
 	}

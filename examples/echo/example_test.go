@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -16,7 +17,7 @@ import (
 // echo.WrapMiddleware turns the net/http middleware into an echo one, for
 // one route or the whole server.
 func Example() {
-	runner, err := idempotency.New(memory.New(nil))
+	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
 	if err != nil {
 		panic(err)
 	}

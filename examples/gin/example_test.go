@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -20,7 +21,7 @@ import (
 // writer, which is why it goes in front of the engine.
 func Example() {
 	gin.SetMode(gin.ReleaseMode)
-	runner, err := idempotency.New(memory.New(nil))
+	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
 	if err != nil {
 		panic(err)
 	}

@@ -20,7 +20,7 @@ import (
 // mismatch, concurrency, scope, 5xx release, lost responses and the
 // retrying transport.
 func scenario(t *testing.T, store idempotency.Store) {
-	runner, err := idempotency.New(store, idempotency.WithLease(2*time.Second), idempotency.WithRetention(time.Minute))
+	runner, err := idempotency.New(store, idempotency.WithLease(2*time.Second), idempotency.WithRetention(time.Minute), idempotency.WithStoreTimeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
