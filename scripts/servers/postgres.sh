@@ -106,24 +106,36 @@ start)
     fi
   fi
   if [ -z "$running" ]; then
+    # A port that looks free may be taken by another server starting at
+    # the same moment: then the next one is tried.
     port=54329
-    while ! port_free "$port"; do
-      port=$((port + 1))
+    while :; do
       if [ "$port" -gt 54399 ]; then
         log "no free port in 54329-54399"
         exit 1
       fi
-    done
-    # A leftover postmaster.pid of a dead server is removed by postgres
-    # itself; pg_ctl -w waits until it accepts connections.
-    log "starting on 127.0.0.1:$port"
-    pg "$bin/pg_ctl" start -w -t 60 -D "$data" -l "$root/server.log" -o "\
-      -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$sock \
-      -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
-      -c max_connections=300 -c shared_buffers=128MB" >&2 || {
+      if ! port_free "$port"; then
+        port=$((port + 1))
+        continue
+      fi
+      # A leftover postmaster.pid of a dead server is removed by postgres
+      # itself; pg_ctl -w waits until it accepts connections.
+      log "starting on 127.0.0.1:$port"
+      rm -f "$root/server.log"
+      if pg "$bin/pg_ctl" start -w -t 60 -D "$data" -l "$root/server.log" -o "\
+        -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$sock \
+        -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+        -c max_connections=300 -c shared_buffers=128MB" >&2; then
+        break
+      fi
+      if grep -q "Address already in use" "$root/server.log"; then
+        log "port $port was taken meanwhile; trying the next"
+        port=$((port + 1))
+        continue
+      fi
       tail -n 30 "$root/server.log" >&2 || true
       exit 1
-    }
+    done
   fi
 
   if ! ready "$port" 100; then
