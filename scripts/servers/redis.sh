@@ -109,7 +109,7 @@ install() {
   log "installing redis-server and redis-tools with apt"
   export DEBIAN_FRONTEND=noninteractive
   apt-get -o DPkg::Lock::Timeout=300 update >&2
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends redis-server redis-tools >&2
+  apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends redis-server redis-tools >&2
 }
 
 # free_ports PORT...: succeeds when no process (other than ours, which are
