@@ -13,8 +13,8 @@
 // [NewKey] makes the one key of a user intent that every attempt reuses.
 //
 // The middleware runs on an [idempotency.Runner], so it works on any
-// store: the in-memory one for a single process and tests, PostgreSQL,
-// Redis, etcd or MongoDB for a fleet. Make that runner with
+// store: the in-memory one for a single process and tests, PostgreSQL or
+// Redis for a fleet. Make that runner with
 // [idempotency.WithStoreTimeout]: the middleware's store calls outlive
 // the client's connection, so without a timeout a store that stops
 // answering hangs the requests instead of failing them with 503:
