@@ -31,6 +31,15 @@ func TestConformance(t *testing.T) {
 			return memory.New(nil)
 		}, caps)
 	})
+	t.Run("one_second_resolution", func(t *testing.T) {
+		// A store whose leases count in whole seconds, as etcd's do: the
+		// suite sizes its real-time cases from LeaseResolution.
+		caps := caps
+		caps.LeaseResolution = time.Second
+		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
+			return secondStore{memory.New(nil)}
+		}, caps)
+	})
 	t.Run("small_limit", func(t *testing.T) {
 		caps := caps
 		caps.ControlledClock = true
@@ -39,6 +48,26 @@ func TestConformance(t *testing.T) {
 			return memory.New(&memory.Options{Now: clock.Now, MaxValueSize: 1000})
 		}, caps)
 	})
+}
+
+// secondStore rounds every duration up to whole seconds.
+type secondStore struct{ *memory.Store }
+
+func ceilSecond(d time.Duration) time.Duration {
+	return (d + time.Second - 1).Truncate(time.Second)
+}
+
+func (s secondStore) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	r.Lease, r.Grace = ceilSecond(r.Lease), ceilSecond(r.Grace)
+	return s.Store.Claim(ctx, r)
+}
+
+func (s secondStore) Renew(ctx context.Context, key string, tok idempotency.Token, lease time.Duration) error {
+	return s.Store.Renew(ctx, key, tok, ceilSecond(lease))
+}
+
+func (s secondStore) Complete(ctx context.Context, key string, tok idempotency.Token, result []byte, retention time.Duration) error {
+	return s.Store.Complete(ctx, key, tok, result, ceilSecond(retention))
 }
 
 func BenchmarkStore(b *testing.B) {
