@@ -33,6 +33,23 @@ func BenchmarkStore(b *testing.B) {
 	})
 }
 
+// BenchmarkStoreNotify runs the same benchmarks on a store with
+// Options.Notify, whose Complete and Release also pg_notify: compare with
+// BenchmarkStore for the cost of the notification (and of the lock NOTIFY
+// takes at commit) when nobody is waiting.
+func BenchmarkStoreNotify(b *testing.B) {
+	pool := testPool(b, pgx.QueryExecModeCacheStatement)
+	table := newStoreTable(b, pool)
+	conformancetest.Benchmark(b, func(b *testing.B) idempotency.Store {
+		s, err := postgres.New(pool, &postgres.Options{Schema: testSchema, Table: table, Notify: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}
+
 // roundTrips is a pgx tracer counting round trips to the server: one per
 // query or Exec, one per batch (its queries are pipelined).
 type roundTrips struct {

@@ -52,6 +52,33 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// TestConformanceNotify runs the suite, Watcher cases included, on stores
+// with Options.Notify, in the default query mode and in exec mode (the
+// notifying statements take one parameter more).
+func TestConformanceNotify(t *testing.T) {
+	for _, m := range execModes[:2] {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			db := testPool(t, m.mode)
+			var once sync.Once
+			var table string
+			conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
+				once.Do(func() { table = newStoreTable(t, db) })
+				s, err := postgres.New(db, &postgres.Options{Schema: testSchema, Table: table, MaxValueSize: testMaxValueSize, Notify: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				return s
+			}, conformancetest.Capabilities{
+				Sweeper:      true,
+				Watcher:      true,
+				MaxValueSize: testMaxValueSize,
+			})
+		})
+	}
+}
+
 func newStoreTable(t testing.TB, db postgres.DB) string {
 	table := "conf_" + randomHex(6)
 	newStore(t, db, &postgres.Options{Table: table})

@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/store/postgres"
@@ -155,4 +156,69 @@ func ExampleSchema() {
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."idempotency_keys_fence_seq" AS bigint;
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_keys" (
 	// CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx" ON "billing"."idempotency_keys" (expires_at);
+}
+
+// With Options.Notify, a duplicate that waits (idempotency.WithWait) is
+// woken by the first call's completion through LISTEN/NOTIFY instead of
+// polling, and replays its result.
+func ExampleOptions_notify() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+exampleSchema+"_notify CASCADE")
+
+	// The listener connects with the pool's configuration; pass
+	// ListenConnect to listen on a direct connection when the pool goes
+	// through PgBouncer.
+	store, err := postgres.New(pool, &postgres.Options{Schema: exampleSchema + "_notify", Notify: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close() // closes the listener's connection, not the pool
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	runner, err := idempotency.New(store, idempotency.WithWait(30*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	req := idempotency.Request{Key: "order-1002"}
+	started, finish := make(chan struct{}), make(chan struct{})
+	first := make(chan string)
+	go func() {
+		res, err := idempotency.Do(ctx, runner, req, func(ctx context.Context) (string, error) {
+			close(started)
+			<-finish
+			return "charged 12.00", nil
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		first <- res.Value
+	}()
+	<-started
+	second := make(chan idempotency.Result[string])
+	go func() {
+		// Finds the key in progress, waits in store.Watch, wakes at the
+		// completion and replays.
+		res, err := idempotency.Do(ctx, runner, req, func(ctx context.Context) (string, error) {
+			return "charged twice!", nil
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		second <- res
+	}()
+	time.Sleep(100 * time.Millisecond) // let the duplicate start waiting
+	close(finish)
+	fmt.Println("first:", <-first)
+	res := <-second
+	fmt.Println("duplicate:", res.Value, "replayed:", res.Replayed)
+	// Output:
+	// first: charged 12.00
+	// duplicate: charged 12.00 replayed: true
 }

@@ -7,7 +7,10 @@
 // INSERT ... ON CONFLICT ... DO UPDATE ... WHERE takeover condition, and
 // Renew, Checkpoint, Complete and Release are UPDATE or DELETE statements
 // conditional on the holder's token. Fences come from a sequence. Expired
-// rows are treated as absent and removed by [Store.Sweep].
+// rows are treated as absent and removed by [Store.Sweep]. With
+// [Options.Notify], Complete and Release also pg_notify, and [Store.Watch]
+// wakes waiting duplicates through one LISTEN connection per store instead
+// of polling.
 //
 // The store accepts a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx through the
 // narrow [DB] interface, and never closes it. The schema is embedded and
@@ -28,6 +31,7 @@ import (
 	"github.com/exactlyonce/idempotency"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DB is what the store needs from a database handle. A *pgxpool.Pool, a
@@ -78,19 +82,42 @@ type Options struct {
 	// transaction ends (or ctx is done), then replays its result or, if it
 	// rolled back, runs fn. Default: 0.
 	TxLockWait time.Duration
+	// Notify makes Complete and Release send a notification (pg_notify,
+	// in the same statement) on the table's channel, and enables
+	// [Store.Watch], so that a waiting [idempotency.Do] wakes as soon as
+	// the record it waits for completes instead of polling. Off by
+	// default: a transaction that notifies takes a server-wide lock at
+	// commit, which serializes the commits of all notifying transactions
+	// (see the README). With it off, Watch reports that it cannot watch
+	// and callers poll.
+	Notify bool
+	// ListenConnect opens the connection the store LISTENs on when Notify
+	// is set: one connection per store, opened by the first Watch, closed
+	// a few seconds after the last one returns or by [Store.Close]. It
+	// must be a direct connection to the primary (not through PgBouncer's
+	// transaction pooling, which does not deliver notifications). Default:
+	// when the store's DB is a *pgxpool.Pool, a connection made with the
+	// pool's connection configuration, outside the pool (it does not count
+	// against MaxConns). With another DB and Notify set, it is required.
+	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 }
 
 // Store is an [idempotency.Store] and [idempotency.Sweeper] on a PostgreSQL
 // table. It is safe for concurrent use if its DB is.
+//
+// It implements [idempotency.Watcher], effective with [Options.Notify].
 type Store struct {
-	db   DB
-	opts Options
-	sql  statements
+	db       DB
+	opts     Options
+	sql      statements
+	notify   bool
+	listener *listener // nil without Notify
 }
 
 var (
 	_ idempotency.Store   = (*Store)(nil)
 	_ idempotency.Sweeper = (*Store)(nil)
+	_ idempotency.Watcher = (*Store)(nil)
 )
 
 // ErrRetryable matches errors caused by a serialization failure (SQLSTATE
@@ -113,7 +140,22 @@ func New(db DB, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, opts: o, sql: buildStatements(names(o))}, nil
+	s := &Store{db: db, opts: o}
+	if o.Notify {
+		connect := o.ListenConnect
+		if connect == nil {
+			pool, ok := db.(*pgxpool.Pool)
+			if !ok {
+				return nil, fmt.Errorf("%w: postgres: Notify needs Options.ListenConnect when the DB is a %T, not a *pgxpool.Pool", idempotency.ErrInvalidArgument, db)
+			}
+			cfg := pool.Config().ConnConfig
+			connect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }
+		}
+		s.notify = true
+		s.listener = newListener(channelName(o), connect)
+	}
+	s.sql = buildStatements(names(o), channelName(o), s.notify)
+	return s, nil
 }
 
 func withDefaults(opts *Options) (Options, error) {

@@ -10,7 +10,7 @@ import "strings"
 // every parameter carries a cast, so the statements also work with pgx's
 // exec and simple-protocol modes (PgBouncer transaction pooling).
 type statements struct {
-	claim, renew, checkpoint, complete, completeTx, release, sweep string
+	claim, renew, checkpoint, complete, completeTx, release, sweep, leaseLeft string
 }
 
 // The claim. One INSERT ... ON CONFLICT DO UPDATE decides, atomically:
@@ -96,8 +96,13 @@ UPDATE {T} AS r SET
 FROM c
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now`
 
-// $1 key, $2 token, $3 result, $4 retention µs. Returns whether the
-// record is (now, or already was) COMPLETED under the token.
+// $1 key, $2 token, $3 result, $4 retention µs, and with Options.Notify
+// $5 the key's hash, the payload of the notification sent (at commit) when
+// the row changes: {NOTIFY5} is pg_notify in the RETURNING list of the
+// UPDATE, which PostgreSQL runs to completion for every changed row (a
+// data-modifying CTE always is), so the payload goes out exactly when
+// the record completes. Returns whether the record is (now, or already
+// was) COMPLETED under the token.
 const completeSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 upd AS (
@@ -109,7 +114,7 @@ upd AS (
 		expires_at = c.now + $4::bigint * interval '1 microsecond'
 	FROM c
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
-	RETURNING 1
+	RETURNING {NOTIFY5}
 )
 SELECT EXISTS (SELECT FROM upd) OR EXISTS (
 	SELECT FROM {T} AS r, c
@@ -131,14 +136,15 @@ UPDATE {T} AS r SET
 FROM c
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 
-// $1 key, $2 token. Returns true when the record is gone: deleted now, or
-// absent or expired already.
+// $1 key, $2 token, and with Options.Notify $3 the key's hash, notified
+// when the row is deleted (see completeSQL). Returns true when the record
+// is gone: deleted now, or absent or expired already.
 const releaseSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 del AS (
 	DELETE FROM {T} AS r USING c
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
-	RETURNING 1
+	RETURNING {NOTIFY3}
 )
 SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
 	SELECT FROM {T} AS r, c WHERE r.key = $1::text AND r.expires_at > c.now)`
@@ -158,9 +164,26 @@ WHERE key IN (
 	FOR UPDATE SKIP LOCKED)
 AND expires_at <= (SELECT clock_timestamp())`
 
-func buildStatements(n objectNames) statements {
-	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq)
+// leaseLeftSQL reads, for Watch, the time left on the lease of a live
+// STARTED record, in µs (0 when it has ended); no row when the record is
+// absent, expired or COMPLETED. $1 key.
+const leaseLeftSQL = `
+SELECT GREATEST(0, ceil(extract(epoch FROM r.lease_until - c.now) * 1000000))::bigint
+FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
+WHERE r.key = $1::text AND r.state = 'started' AND r.expires_at > c.now`
+
+// buildStatements renders the statements for the names n. With notify,
+// Complete and Release notify channel (a validated identifier, safe in a
+// literal) with the key's hash.
+func buildStatements(n objectNames, channel string, notify bool) statements {
+	n5, n3 := "1", "1"
+	if notify {
+		n5 = "pg_notify('" + channel + "', $5::text)"
+		n3 = "pg_notify('" + channel + "', $3::text)"
+	}
+	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{NOTIFY5}", n5, "{NOTIFY3}", n3)
 	return statements{
+		leaseLeft:  r.Replace(leaseLeftSQL),
 		claim:      r.Replace(claimSQL),
 		renew:      r.Replace(renewSQL),
 		checkpoint: r.Replace(checkpointSQL),

@@ -140,6 +140,8 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 // Complete records result in the record held under token: see
 // [idempotency.Store.Complete]. A result larger than the store's
 // MaxValueSize gets [idempotency.ErrTooLarge] and nothing is written.
+// With [Options.Notify], the statement that completes the record also
+// notifies its waiters (at commit, when the store's DB is a pgx.Tx).
 func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
 	if len(result) > s.opts.MaxValueSize {
 		return s.tooLarge("complete", len(result))
@@ -147,8 +149,12 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if retention <= 0 {
 		return fmt.Errorf("%w: postgres: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
 	}
+	args := []any{key, string(token), nonNil(result), micros(retention)}
+	if s.notify {
+		args = append(args, keyHash(key))
+	}
 	var done bool
-	err := s.db.QueryRow(ctx, s.sql.complete, key, string(token), nonNil(result), micros(retention)).Scan(&done)
+	err := s.db.QueryRow(ctx, s.sql.complete, args...).Scan(&done)
 	if err != nil {
 		return wrapErr(ctx, "complete", err)
 	}
@@ -159,10 +165,16 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 }
 
 // Release deletes the STARTED record held under token: see
-// [idempotency.Store.Release].
+// [idempotency.Store.Release]. With [Options.Notify], the statement that
+// deletes the record also notifies its waiters (at commit, when the
+// store's DB is a pgx.Tx).
 func (s *Store) Release(ctx context.Context, key string, token idempotency.Token) error {
+	args := []any{key, string(token)}
+	if s.notify {
+		args = append(args, keyHash(key))
+	}
 	var gone bool
-	if err := s.db.QueryRow(ctx, s.sql.release, key, string(token)).Scan(&gone); err != nil {
+	if err := s.db.QueryRow(ctx, s.sql.release, args...).Scan(&gone); err != nil {
 		return wrapErr(ctx, "release", err)
 	}
 	if !gone {
