@@ -199,8 +199,11 @@ func Run(store idempotency.Store, cfg Config, out io.Writer) (bool, error) {
 		})
 	}
 	wg.Wait()
+	// The crashed worker's goroutine may now end. First: a duplicate the
+	// link sent on its own may be the request that crashed, and waiting
+	// for the duplicates before this would wait forever.
+	d.release()
 	link.wait() // the duplicates the link sent on its own
-	d.release() // the crashed worker's goroutine may now end
 	d.inflight.Wait()
 
 	return d.report(out, c.all()), nil
