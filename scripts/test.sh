@@ -37,7 +37,7 @@ for dir in $modules; do
   echo "== $rel: go vet"
   (cd "$dir" && go vet ./...) || status=1
   echo "== $rel: go test -race"
-  (cd "$dir" && go test -race -count=1 -timeout 15m ./...) || status=1
+  (cd "$dir" && go test -race -count=1 -timeout 5m ./...) || status=1
 done
 if [ "$status" -ne 0 ]; then
   echo "FAIL: some module failed (see above)"

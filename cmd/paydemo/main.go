@@ -41,6 +41,11 @@ func main() {
 	flag.Parse()
 	log.SetFlags(0)
 	start := time.Now()
+	// The demo finishes in seconds; if it hangs, that is a failure too.
+	time.AfterFunc(time.Minute, func() {
+		fmt.Fprintln(os.Stderr, "FAIL: the demo did not finish within a minute")
+		os.Exit(1)
+	})
 	ok, err := paydemo.Run(memory.New(nil), cfg, os.Stdout)
 	if err != nil {
 		log.Fatal(err)

@@ -58,6 +58,11 @@ func main() {
 	}
 
 	start := time.Now()
+	// The demo finishes in seconds; if it hangs, that is a failure too.
+	time.AfterFunc(time.Minute, func() {
+		fmt.Fprintln(os.Stderr, "FAIL: the demo did not finish within a minute")
+		os.Exit(1)
+	})
 	ok, err := demo(context.Background(), *postgresURL, *redisAddr, cfg, os.Stdout, os.Stderr)
 	if err != nil {
 		log.Fatal(err)
