@@ -14,7 +14,8 @@ type statements struct {
 }
 
 // The claim. One INSERT ... ON CONFLICT DO UPDATE decides, atomically:
-//   - no row, or an expired one: a fresh record (new fence, attempt 1);
+//   - no row, or an expired one (a released row is an expired tombstone):
+//     a fresh record (a fence greater than the old row's, attempt 1);
 //   - STARTED, same fingerprint, lease ended: takeover (new token and
 //     fence, attempt+1, checkpoints kept);
 //   - STARTED under the same token: a repeated claim (same fence, lease
@@ -26,7 +27,10 @@ type statements struct {
 // statement's snapshot, so the outcome (replay, in progress, mismatch) is
 // computed from the very row ON CONFLICT judged. When that row was
 // inserted after the snapshot it is not visible at all and the statement
-// returns no row; the caller runs it again (see claimRetries).
+// returns no row; the caller runs it again (see claimRetries). The row
+// read is judged by the clock after its lock was granted ("t"), not the
+// statement's start: the row may have been written by a claim that began
+// after this statement did, and its time left must not exceed a lease.
 //
 // $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
 const claimSQL = `
@@ -45,7 +49,7 @@ ins AS (
 		state = 'started',
 		token = EXCLUDED.token,
 		fence = CASE WHEN r.expires_at > EXCLUDED.created_at AND r.token = EXCLUDED.token
-			THEN r.fence ELSE EXCLUDED.fence END,
+			THEN r.fence ELSE greatest(EXCLUDED.fence, r.fence + 1) END,
 		attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1
 			WHEN r.token = EXCLUDED.token THEN r.attempt ELSE r.attempt + 1 END,
 		lease_until = EXCLUDED.lease_until,
@@ -71,11 +75,11 @@ FROM ins
 UNION ALL
 SELECT false, cur.fence, cur.attempt, NULL::text,
 	cur.fingerprint, cur.state,
-	GREATEST(0, ceil(extract(epoch FROM cur.lease_until - c.now) * 1000000))::bigint,
+	GREATEST(0, ceil(extract(epoch FROM cur.lease_until - t.now) * 1000000))::bigint,
 	cur.result,
-	cur.expires_at <= c.now OR (cur.state = 'started' AND cur.fingerprint = $2::text
-		AND (cur.lease_until <= c.now OR cur.token = $3::text))
-FROM cur, c`
+	cur.expires_at <= t.now OR (cur.state = 'started' AND cur.fingerprint = $2::text
+		AND (cur.lease_until <= t.now OR cur.token = $3::text))
+FROM cur, LATERAL (SELECT clock_timestamp() AS now) AS t`
 
 // $1 key, $2 token, $3 lease µs.
 const renewSQL = `
@@ -103,6 +107,13 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expi
 // data-modifying CTE always is), so the payload goes out exactly when
 // the record completes. Returns whether the record is (now, or already
 // was) COMPLETED under the token.
+//
+// The fallback read is a locking one, and tests state and token in its
+// select list rather than its WHERE: when a repeat of this Complete (same
+// token, rule 4) runs at the same time, the UPDATE waits for it, then finds
+// the row no longer STARTED and changes nothing; a plain read would see the
+// statement's snapshot (still STARTED) and report a lost lease, while FOR
+// SHARE reads the row as the other call committed it.
 const completeSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 upd AS (
@@ -116,9 +127,11 @@ upd AS (
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
 	RETURNING {NOTIFY5}
 )
-SELECT EXISTS (SELECT FROM upd) OR EXISTS (
-	SELECT FROM {T} AS r, c
-	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'completed' AND r.expires_at > c.now)`
+SELECT EXISTS (SELECT FROM upd) OR coalesce((
+	SELECT r.state = 'completed' AND r.token = $2::text
+	FROM {T} AS r, c
+	WHERE r.key = $1::text AND r.expires_at > c.now
+	FOR SHARE OF r), false)`
 
 // completeTxSQL completes a record claimed earlier in the same
 // transaction. The transaction holds the row's lock since the claim, so no
@@ -138,16 +151,31 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 
 // $1 key, $2 token, and with Options.Notify $3 the key's hash, notified
 // when the row is deleted (see completeSQL). Returns true when the record
-// is gone: deleted now, or absent or expired already.
+// is gone: released now, or absent or expired already. The fallback read
+// locks for the reason given at completeSQL: a concurrent repeat of this
+// Release may have released the row after the statement's snapshot.
+//
+// A released row is not deleted but left as a tombstone, expired since
+// forever, for the sweep to delete: a claim that re-creates the record then
+// goes through ON CONFLICT, which sees the old fence and hands out a
+// greater one. Deleting the row would let the re-creating INSERT use the
+// sequence value it drew when its statement began, which can be smaller
+// than a fence handed out while it waited for the row's lock (the
+// lincheck module found exactly that).
 const releaseSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 del AS (
-	DELETE FROM {T} AS r USING c
+	UPDATE {T} AS r SET
+		expires_at = '-infinity',
+		lease_until = '-infinity',
+		checkpoints = NULL
+	FROM c
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
 	RETURNING {NOTIFY3}
 )
 SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
-	SELECT FROM {T} AS r, c WHERE r.key = $1::text AND r.expires_at > c.now)`
+	SELECT FROM {T} AS r, c WHERE r.key = $1::text AND r.expires_at > c.now
+	FOR SHARE OF r)`
 
 // One batch of the sweep: the oldest expired rows that no one holds
 // locked. Rows locked by a concurrent sweeper (or claim) are skipped, so
