@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -100,21 +101,19 @@ func (h *holder) beat() {
 	stopBy := h.stopBy()
 	h.mu.Unlock()
 
-	// The renewal must succeed by stopBy. A store that hangs (a black-holed
-	// network, a driver without timeouts) must not keep fn running into a
-	// taker-over's lease, so fn is stopped at stopBy even while the
-	// renewal is still under way.
-	rctx, cancel := context.WithDeadline(h.hbCtx, stopBy)
+	// Renewals go on while fn runs, even after the caller's context ends:
+	// fn may still be finishing its effect, and its lease must cover it.
+	// But a renewal must succeed by stopBy: a store that hangs (a
+	// black-holed network, a driver without timeouts) must not keep fn
+	// running into a taker-over's lease, so fn is stopped at stopBy even
+	// while the renewal is still under way.
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(h.hbCtx), stopBy)
 	defer cancel()
 	stopWatch := context.AfterFunc(rctx, func() {
-		if h.hbCtx.Err() != nil || !errors.Is(rctx.Err(), context.DeadlineExceeded) {
-			return // fn is done, or the renewal finished first
+		if !errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			return // the renewal finished first
 		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if !h.stopped {
-			h.lose(errNotRenewed)
-		}
+		h.lose(errNotRenewed)
 	})
 	sent := time.Now()
 	err := r.retry(rctx, func(ctx context.Context) error {
@@ -123,42 +122,52 @@ func (h *holder) beat() {
 	stopWatch()
 
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.stopped || h.lost {
 		// fn has returned, or was stopped: whatever this renewal found is
 		// for Complete or Release to find out.
+		h.mu.Unlock()
 		return
 	}
 	interval := r.cfg.lease / 3
+	next := time.Now()
 	switch {
 	case err == nil:
 		h.renewed = sent
+		// The next renewal is due a third of a lease after this one was
+		// sent, not after it returned: slow renewals that succeed must not
+		// drift towards the cut-off.
+		next = sent
 	case errors.Is(err, ErrLeaseLost):
+		h.mu.Unlock()
 		h.lose(err)
 		return
-	case h.hbCtx.Err() != nil:
-		return
 	default:
-		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
 		left := time.Until(h.stopBy())
 		if left <= 0 {
+			h.mu.Unlock()
 			h.lose(err)
 			return
 		}
 		// Try again soon, while there is time left.
 		interval = max(min(interval, left/2), time.Millisecond)
+		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
 	}
-	h.next = time.Now().Add(interval)
+	h.next = next.Add(interval)
+	h.mu.Unlock()
 	r.heartbeats.schedule(h)
 }
 
-// lose cancels fn's context with cause ErrLeaseLost, once. Called with mu
-// held.
+// lose cancels fn's context with cause ErrLeaseLost, once, unless fn has
+// returned. The observer and the cancellation run without mu held, so an
+// observer that blocks or calls back cannot stall or deadlock fn.
 func (h *holder) lose(err error) {
-	if h.lost {
+	h.mu.Lock()
+	if h.lost || h.stopped {
+		h.mu.Unlock()
 		return
 	}
 	h.lost = true
+	h.mu.Unlock()
 	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Err: err})
 	h.cancel(ErrLeaseLost)
 }
@@ -277,7 +286,12 @@ func Step[T any](ctx context.Context, name string, step func(ctx context.Context
 	r := h.r
 	h.mu.Lock()
 	b, done := h.points[name]
+	lost := h.lost
 	h.mu.Unlock()
+	if lost {
+		// A holder known to be stale must not start another effect.
+		return v, ErrLeaseLost
+	}
 	if done {
 		err := r.cfg.codec.Unmarshal(b, &v)
 		return v, err
@@ -295,12 +309,11 @@ func Step[T any](ctx context.Context, name string, step func(ctx context.Context
 	})
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		h.mu.Lock()
-		if !h.stopped {
-			h.lose(err)
-		}
-		h.mu.Unlock()
+		h.lose(err)
 		return v, err
+	case err != nil && errors.Is(context.Cause(ctx), ErrLeaseLost):
+		// The checkpoint failed because fn was stopped for a lost lease.
+		return v, fmt.Errorf("%w: %w", ErrLeaseLost, err)
 	case err != nil:
 		return v, &StoreError{Op: "checkpoint", Ran: true, Err: err}
 	}

@@ -261,11 +261,9 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	// is canceled (a Complete cut short would leave the key to be taken
 	// over and fn run again; a Release lets a retry run at once), but not
 	// for longer than the lease could hold.
-	after := func() (context.Context, context.CancelFunc) {
-		if ctx.Done() == nil {
-			return ctx, func() {} // cannot be canceled: use it as it is
-		}
-		return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease)
+	after := func() (context.Context, func()) {
+		c := newBoundedCtx(ctx, r.cfg.lease)
+		return c, c.stop
 	}
 
 	panicked := true
@@ -403,7 +401,7 @@ const maxStoreBackoff = 5 * time.Second
 // [WithStoreTimeout], each attempt has its own deadline. When ctx ends
 // during a backoff, the error matches both ctx's error and the store's.
 func (r *Runner) retry(ctx context.Context, f func(context.Context) error) error {
-	backoff := r.cfg.storeBackoff
+	backoff := min(r.cfg.storeBackoff, maxStoreBackoff)
 	for attempt := 1; ; attempt++ {
 		err := r.attempt(ctx, f)
 		if err == nil || attempt >= r.cfg.storeAttempts || !retryable(ctx, err) {

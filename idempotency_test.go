@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -683,12 +684,15 @@ func TestHeartbeatKeepsManyLeases(t *testing.T) {
 // does.
 type renewStore struct {
 	idempotency.Store
-	mode    string        // "fail", "hang", "ignore-ctx"
+	mode    string        // "slow", "fail", "hang", "ignore-ctx"
 	blocked chan struct{} // closed at the end of the test
 }
 
 func (s *renewStore) Renew(ctx context.Context, key string, tok idempotency.Token, lease time.Duration) error {
 	switch s.mode {
+	case "slow": // slow, but it succeeds
+		time.Sleep(lease * 35 / 100)
+		return s.Store.Renew(ctx, key, tok, lease)
 	case "fail":
 		return errNetwork
 	case "hang":
@@ -843,5 +847,137 @@ func TestPermanentErrorWithUnstorableMessage(t *testing.T) {
 	var se *idempotency.StoredError
 	if !errors.As(err, &se) || errors.Is(err, idempotency.ErrResultNotStored) {
 		t.Fatalf("err = %v; want a stored permanent error, not 'result not stored'", err)
+	}
+}
+
+func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
+	// Each renewal takes over a third of the lease but succeeds: fn must
+	// not be stopped, since the lease is held all along.
+	const lease = 600 * time.Millisecond
+	s := &renewStore{Store: memory.New(nil), mode: "slow"}
+	r, err := idempotency.New(s, idempotency.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := idempotency.Do(context.Background(), r, req("k"), func(ctx context.Context) (int, error) {
+		select {
+		case <-time.After(3 * lease):
+			return 1, nil
+		case <-ctx.Done():
+			return 0, context.Cause(ctx)
+		}
+	})
+	if err != nil || res.Value != 1 {
+		t.Fatalf("%+v, %v: slow renewals cost the lease", res, err)
+	}
+}
+
+func TestStepRefusesAfterLeaseLost(t *testing.T) {
+	s := &renewStore{Store: memory.New(nil), mode: "hang"}
+	r, err := idempotency.New(s, idempotency.WithLease(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	var stepErr error
+	_, err = idempotency.Do(context.Background(), r, req("k"), func(ctx context.Context) (int, error) {
+		<-ctx.Done() // the renewal hangs, so fn is stopped
+		_, stepErr = idempotency.Step(ctx, "charge", func(ctx context.Context) (int, error) {
+			ran = true
+			return 1, nil
+		})
+		return 0, stepErr
+	})
+	if ran || !errors.Is(stepErr, idempotency.ErrLeaseLost) || !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("step ran=%v, step err=%v, Do err=%v; want the step refused with ErrLeaseLost", ran, stepErr, err)
+	}
+}
+
+func TestLeaseOutlivesCallerCancellation(t *testing.T) {
+	// The caller gives up, fn finishes its effect anyway: the lease must
+	// cover fn until it returns, so no retry takes over meanwhile.
+	const lease = 300 * time.Millisecond
+	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) {
+			close(started)
+			time.Sleep(4 * lease) // finishing the charge, whatever the caller does
+			return 1, nil
+		})
+		done <- err
+	}()
+	<-started
+	cancel()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("first call: %v", err)
+			}
+			res, err := idempotency.Do(context.Background(), r, req("k"), func(ctx context.Context) (int, error) { return 2, nil })
+			if err != nil || !res.Replayed || res.Value != 1 {
+				t.Fatalf("after: %+v, %v; want the first call's result", res, err)
+			}
+			return
+		case <-time.After(lease / 3):
+			_, err := idempotency.Do(context.Background(), r, req("k"), func(ctx context.Context) (int, error) {
+				t.Error("a retry took over while fn was still running")
+				return 2, nil
+			})
+			if !errors.Is(err, idempotency.ErrInProgress) {
+				t.Fatalf("probe: %v, want ErrInProgress", err)
+			}
+		}
+	}
+}
+
+// hangCompleteStore's Complete hangs until its context ends.
+type hangCompleteStore struct{ idempotency.Store }
+
+func (hangCompleteStore) Complete(ctx context.Context, key string, tok idempotency.Token, result []byte, ret time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func TestCompleteIsBoundedByTheLease(t *testing.T) {
+	// No store timeout and a context that cannot be canceled: a hanging
+	// Complete still ends when the lease would, with the effect reported
+	// as having run.
+	r, err := idempotency.New(hangCompleteStore{memory.New(nil)}, idempotency.WithLease(200*time.Millisecond), idempotency.WithStoreRetries(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Do(context.Background(), r, req("k"), func(ctx context.Context) (int, error) { return 1, nil })
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var se *idempotency.StoreError
+		if !errors.As(err, &se) || !se.Ran || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want a StoreError with Ran and the lease's deadline", err)
+		}
+	case <-time.After(30 * time.Second): // far beyond the 200ms lease: it hangs
+		t.Fatal("Do hung on a Complete that never returns")
+	}
+}
+
+func TestHugeBackoffIsCapped(t *testing.T) {
+	r, err := idempotency.New(downStore{memory.New(nil)}, idempotency.WithStoreRetries(3, time.Duration(math.MaxInt64)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) { return 1, nil })
+	if !errors.Is(err, errNetwork) {
+		t.Fatalf("err = %v", err)
 	}
 }
