@@ -3,9 +3,9 @@ module github.com/exactlyonce/idempotency/benchmarks
 go 1.26.0
 
 require (
-	github.com/exactlyonce/idempotency v0.0.0-00010101000000-000000000000
-	github.com/exactlyonce/idempotency/store/postgres v0.0.0-00010101000000-000000000000
-	github.com/exactlyonce/idempotency/store/redis v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/idempotency v0.1.0
+	github.com/exactlyonce/idempotency/store/postgres v0.1.0
+	github.com/exactlyonce/idempotency/store/redis v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
@@ -22,6 +22,9 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 )
 
+// This module is never tagged or published. The replaces build it against
+// this checkout also with GOWORK=off; the published modules (the root and
+// store/*) have none, see RELEASING.md.
 replace (
 	github.com/exactlyonce/idempotency => ../
 	github.com/exactlyonce/idempotency/store/postgres => ../store/postgres

@@ -3,9 +3,9 @@ module github.com/exactlyonce/idempotency/examples
 go 1.26.0
 
 require (
-	github.com/exactlyonce/idempotency v0.0.0-00010101000000-000000000000
-	github.com/exactlyonce/idempotency/store/postgres v0.0.0-00010101000000-000000000000
-	github.com/exactlyonce/idempotency/store/redis v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/idempotency v0.1.0
+	github.com/exactlyonce/idempotency/store/postgres v0.1.0
+	github.com/exactlyonce/idempotency/store/redis v0.1.0
 	github.com/gin-gonic/gin v1.12.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -56,6 +56,9 @@ require (
 	google.golang.org/protobuf v1.36.10 // indirect
 )
 
+// This module is never tagged or published. The replaces build it against
+// this checkout also with GOWORK=off; the published modules (the root and
+// store/*) have none, see RELEASING.md.
 replace (
 	github.com/exactlyonce/idempotency => ../
 	github.com/exactlyonce/idempotency/store/postgres => ../store/postgres

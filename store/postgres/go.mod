@@ -3,7 +3,7 @@ module github.com/exactlyonce/idempotency/store/postgres
 go 1.26.0
 
 require (
-	github.com/exactlyonce/idempotency v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/idempotency v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -15,5 +15,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/exactlyonce/idempotency => ../..

@@ -3,7 +3,7 @@ module github.com/exactlyonce/idempotency/store/redis
 go 1.26.0
 
 require (
-	github.com/exactlyonce/idempotency v0.0.0-00010101000000-000000000000
+	github.com/exactlyonce/idempotency v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -13,5 +13,3 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
-
-replace github.com/exactlyonce/idempotency => ../..
