@@ -16,7 +16,8 @@ import (
 type holder struct {
 	parent    context.Context
 	r         *Runner
-	key       string // storage key
+	key       string   // storage key
+	scope     []string // the request's scope parts, for events
 	clientKey string
 	token     Token
 	fence     int64
@@ -150,7 +151,7 @@ func (h *holder) beat() {
 		}
 		// Try again soon, while there is time left.
 		interval = max(min(interval, left/2), time.Millisecond)
-		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
+		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
 	}
 	h.next = next.Add(interval)
 	h.mu.Unlock()
@@ -168,7 +169,7 @@ func (h *holder) lose(err error) {
 	}
 	h.lost = true
 	h.mu.Unlock()
-	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Err: err})
+	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
 	h.cancel(ErrLeaseLost)
 }
 
@@ -194,7 +195,7 @@ func (h *holder) release(ctx context.Context, start time.Time, cause error) erro
 	err := r.retry(ctx, func(ctx context.Context) error {
 		return r.store.Release(ctx, h.key, h.token)
 	})
-	e := Event{Kind: EventReleased, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: cause}
+	e := Event{Kind: EventReleased, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: cause}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		e.Kind, e.Err = EventLeaseLost, err
@@ -212,6 +213,9 @@ type Info struct {
 	Key string
 	// StorageKey is the scoped key the record is stored under.
 	StorageKey string
+	// Scope is the request's scope parts ([Request.Scope]), shared with
+	// the caller: do not modify it.
+	Scope []string
 	// Fence strictly increases on every claim and takeover of the key:
 	// guard your own writes with it (UPDATE ... WHERE fence < $fence) so a
 	// stale holder's late write is refused.
@@ -224,7 +228,7 @@ type Info struct {
 // the Info an adapter's own execution mode attached with [NewContext].
 func FromContext(ctx context.Context) (Info, bool) {
 	if h := holderFrom(ctx); h != nil {
-		return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
+		return Info{Key: h.clientKey, StorageKey: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt}, true
 	}
 	if ctx == nil {
 		return Info{}, false

@@ -41,22 +41,29 @@ type Runner struct {
 }
 
 // New returns a Runner on store. It returns an error wrapping
-// [ErrInvalidArgument] for a nil store or an invalid option.
+// [ErrInvalidArgument], naming the option and the value it got, for a nil
+// store (also a typed nil such as a nil *postgres.Store) or for any
+// configuration under which fn could run twice for one request because
+// of the configuration alone: a lease, retention or store timeout below
+// its floor ([MinLease], [MinRetention], [MinStoreTimeout]) or below the
+// store's own minimum ([LimitedStore]), a retention shorter than the
+// lease, or a store timeout that does not fit in a third of the lease.
 func New(store Store, opts ...Option) (*Runner, error) {
-	if store == nil {
-		return nil, invalidArg("nil store")
+	if isNil(store) {
+		return nil, invalidArg("nil store (%T)", store)
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
-		if o == nil {
+		if isNil(o) {
 			return nil, invalidArg("nil option")
 		}
 		o.apply(&cfg)
 	}
-	if !cfg.graceSet {
-		cfg.grace = cfg.retention
+	var limits Limits
+	if ls, ok := store.(LimitedStore); ok {
+		limits = ls.Limits()
 	}
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(limits); err != nil {
 		return nil, err
 	}
 	r := &Runner{store: store, cfg: cfg}
@@ -186,25 +193,25 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 			took = time.Since(start)
 		}
 		if err != nil {
-			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Duration: took, Err: err})
+			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Scope: req.Scope, Duration: took, Err: err})
 			return res, &StoreError{Op: "claim", Err: err}
 		}
 		res.Fence, res.Attempt = cr.Fence, cr.Attempt
 		switch cr.Outcome {
 		case OutcomeAcquired:
-			r.observe(ctx, Event{Kind: EventAcquired, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
-			h := &holder{parent: ctx, r: r, key: key, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
+			r.observe(ctx, Event{Kind: EventAcquired, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
+			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
-			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
+			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
 			res.Replayed = true
 			res.Value, err = DecodeOutcome[T](r, cr.Result)
 			return res, err
 		case OutcomeMismatch:
-			r.observe(ctx, Event{Kind: EventMismatch, Key: key, Duration: took})
+			r.observe(ctx, Event{Kind: EventMismatch, Key: key, Scope: req.Scope, Duration: took})
 			return res, ErrMismatch
 		case OutcomeInProgress:
-			r.observe(ctx, Event{Kind: EventInProgress, Key: key, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
+			r.observe(ctx, Event{Kind: EventInProgress, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
 			left := time.Until(waitUntil)
 			if r.cfg.wait <= 0 || left <= 0 {
 				return res, &InProgressError{RetryAfter: cr.RetryAfter}
@@ -214,10 +221,35 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 			}
 		default:
 			err := fmt.Errorf("store returned invalid outcome %v", cr.Outcome)
-			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Duration: took, Err: err})
+			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Scope: req.Scope, Duration: took, Err: err})
 			return res, &StoreError{Op: "claim", Err: err}
 		}
 	}
+}
+
+// Executor runs a function at most once per request, with the semantics
+// of [Do], in an execution mode of its own choosing. Integrations that
+// store bytes (the HTTP middleware stores responses) take an Executor, so
+// a service can plug in a mode a store adapter offers, such as running fn
+// inside a database transaction that also records the key (see the
+// PostgreSQL adapter's TxExecutor). A [*Runner] is the Executor of [Do].
+//
+// Execute must report failures as Do does: [ErrInProgress],
+// [ErrMismatch], [ErrInvalidKey], [ErrResultNotStored], a [*StoredError]
+// for a replayed permanent error, and a [*StoreError] when the store
+// failed. Its Ran field must be true only when fn's effects may have
+// happened without the result being recorded; a mode that rolls fn's
+// writes back together with the key reports Ran false.
+type Executor interface {
+	Execute(ctx context.Context, req Request, fn func(ctx context.Context) ([]byte, error)) (Result[[]byte], error)
+}
+
+var _ Executor = (*Runner)(nil)
+
+// Execute is [Do] for functions that return bytes: it makes a Runner an
+// [Executor].
+func (r *Runner) Execute(ctx context.Context, req Request, fn func(ctx context.Context) ([]byte, error)) (Result[[]byte], error) {
+	return Do(ctx, r, req, fn)
 }
 
 // awaitChange waits for the record under key to change, for at most d:
@@ -304,7 +336,7 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		if !h.wasLost() { // else the heartbeat has reported it
-			r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+			r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
 		}
 		if fnErr != nil {
 			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
@@ -312,12 +344,12 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 		res.Value = v
 		return res, fmt.Errorf("%w: fn ran but its result was not recorded", ErrLeaseLost)
 	case err != nil:
-		r.observe(ctx, Event{Kind: EventStoreError, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+		r.observe(ctx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
 		res.Value = v
 		return res, &StoreError{Op: "complete", Ran: true, Err: err}
 	}
 	if r.cfg.observer != nil {
-		r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: encErr})
+		r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: encErr})
 	}
 	if fnErr != nil {
 		return res, fnErr

@@ -131,7 +131,7 @@ func TestHeartbeatKeepsLeaseForLongFn(t *testing.T) {
 	// the heartbeat a prober would take the key over.
 	s := memory.New(nil)
 	const lease = 300 * time.Millisecond
-	r, err := idempotency.New(s, idempotency.WithLease(lease))
+	r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestLostLeaseCancelsFn(t *testing.T) {
 	// The lease is short in real time so the heartbeat runs; the store's
 	// clock is moved past it so a second caller takes over.
 	const lease = 150 * time.Millisecond
-	r, _, clock := newRunner(t, idempotency.WithLease(lease))
+	r, _, clock := newRunner(t, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	ctx := context.Background()
 	var cause error
 	started := make(chan struct{})
@@ -641,7 +641,7 @@ func TestHeartbeatKeepsManyLeases(t *testing.T) {
 	// four leases while a prober checks, past every lease's first end, that
 	// none was left to expire.
 	const lease = 300 * time.Millisecond
-	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease))
+	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,8 +690,8 @@ type renewStore struct {
 
 func (s *renewStore) Renew(ctx context.Context, key string, tok idempotency.Token, lease time.Duration) error {
 	switch s.mode {
-	case "slow": // slow, but it succeeds
-		time.Sleep(lease * 35 / 100)
+	case "slow": // slow, but it succeeds within the store timeout
+		time.Sleep(lease * 30 / 100)
 		return s.Store.Renew(ctx, key, tok, lease)
 	case "fail":
 		return errNetwork
@@ -716,7 +716,7 @@ func TestHeartbeatStopsFnBeforeTakeoverWhenRenewalFails(t *testing.T) {
 			blocked := make(chan struct{})
 			defer close(blocked)
 			s := &renewStore{Store: memory.New(nil), mode: mode, blocked: blocked}
-			r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithStoreRetries(2, time.Millisecond))
+			r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(2, time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -851,11 +851,12 @@ func TestPermanentErrorWithUnstorableMessage(t *testing.T) {
 }
 
 func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
-	// Each renewal takes over a third of the lease but succeeds: fn must
-	// not be stopped, since the lease is held all along.
+	// Each renewal takes almost a third of the lease (the longest store
+	// timeout allowed) but succeeds: fn must not be stopped, since the
+	// lease is held all along.
 	const lease = 600 * time.Millisecond
 	s := &renewStore{Store: memory.New(nil), mode: "slow"}
-	r, err := idempotency.New(s, idempotency.WithLease(lease))
+	r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -874,7 +875,7 @@ func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
 
 func TestStepRefusesAfterLeaseLost(t *testing.T) {
 	s := &renewStore{Store: memory.New(nil), mode: "hang"}
-	r, err := idempotency.New(s, idempotency.WithLease(300*time.Millisecond))
+	r, err := idempotency.New(s, idempotency.WithLease(300*time.Millisecond), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -897,7 +898,7 @@ func TestLeaseOutlivesCallerCancellation(t *testing.T) {
 	// The caller gives up, fn finishes its effect anyway: the lease must
 	// cover fn until it returns, so no retry takes over meanwhile.
 	const lease = 300 * time.Millisecond
-	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease))
+	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -949,7 +950,7 @@ func TestCompleteIsBoundedByTheLease(t *testing.T) {
 	// No store timeout and a context that cannot be canceled: a hanging
 	// Complete still ends when the lease would, with the effect reported
 	// as having run.
-	r, err := idempotency.New(hangCompleteStore{memory.New(nil)}, idempotency.WithLease(200*time.Millisecond), idempotency.WithStoreRetries(1, 0))
+	r, err := idempotency.New(hangCompleteStore{memory.New(nil)}, idempotency.WithLease(200*time.Millisecond), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

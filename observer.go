@@ -54,8 +54,14 @@ func (k EventKind) String() string {
 type Event struct {
 	// Kind says what happened.
 	Kind EventKind
-	// Key is the storage key (scope and client key).
+	// Key is the storage key (scope and client key). It holds the
+	// client's key: fine in a log line, but never a metric label.
 	Key string
+	// Scope is the request's scope parts (tenant, actor, operation or
+	// route, as the caller gave them in [Request.Scope]), shared with the
+	// caller: do not modify it. Observers label metrics with the parts
+	// they know to be of low cardinality (the route, not the tenant).
+	Scope []string
 	// Fence is the record's fence, when known.
 	Fence int64
 	// Attempt is the record's attempt count, when known.
@@ -101,6 +107,7 @@ func (o slogObserver) Observe(ctx context.Context, e Event) {
 	attrs := []slog.Attr{
 		slog.String("event", e.Kind.String()),
 		slog.String("key", e.Key),
+		slog.Any("scope", e.Scope),
 		slog.Int64("fence", e.Fence),
 		slog.Int("attempt", e.Attempt),
 		slog.Duration("duration", e.Duration),

@@ -11,6 +11,31 @@ const (
 	DefaultRetention     = 24 * time.Hour
 	DefaultMaxResultSize = 1 << 20
 	DefaultStoreAttempts = 3
+	DefaultStoreBackoff  = 20 * time.Millisecond
+	// DefaultStoreTimeout bounds each store call attempt when
+	// [WithStoreTimeout] is not given (or a third of the lease, if that is
+	// shorter). A claim or a completion is one small statement or script
+	// that takes milliseconds; an attempt still unanswered after two
+	// seconds is stuck (a black-holed network, a server that accepts
+	// connections and never answers) and is better repeated, or failed, than
+	// waited on. With the default three attempts, a store that never
+	// answers fails a call in about six seconds instead of hanging it.
+	DefaultStoreTimeout = 2 * time.Second
+)
+
+// Floors that [New] enforces, because a shorter duration is almost always a
+// unit missed in configuration (WithLease(30) is 30 nanoseconds, not 30
+// seconds) and would make fn run again for the same request: a lease that
+// ends before the store can renew it is taken over while fn still runs; a
+// result kept for less than a retry takes to come back is run again; a
+// store timeout shorter than a round trip fails every completion after fn
+// ran. Tests that need shorter ones say so with
+// [WithUnsafeShortDurations]. A store may declare a higher lease floor of
+// its own (see [LimitedStore]); that one always applies.
+const (
+	MinLease        = time.Second
+	MinRetention    = time.Minute
+	MinStoreTimeout = 10 * time.Millisecond
 )
 
 // An Option configures a [Runner]. Options are checked by [New].
@@ -32,6 +57,8 @@ type config struct {
 	storeAttempts           int
 	storeBackoff            time.Duration
 	storeTimeout            time.Duration
+	storeTimeoutSet         bool
+	unsafeShort             bool
 }
 
 func defaultConfig() config {
@@ -43,46 +70,88 @@ func defaultConfig() config {
 		maxKeyLen:     DefaultMaxKeyLength,
 		maxResult:     DefaultMaxResultSize,
 		storeAttempts: DefaultStoreAttempts,
-		storeBackoff:  20 * time.Millisecond,
+		storeBackoff:  DefaultStoreBackoff,
 	}
 }
 
-func (c *config) validate() error {
+// validate checks the configuration against itself and against the
+// store's limits, and fills in the defaults that depend on other options.
+// Every error names the option and the value it got.
+func (c *config) validate(limits Limits) error {
+	if !c.graceSet {
+		c.grace = c.retention
+	}
+	if !c.storeTimeoutSet {
+		c.storeTimeout = min(DefaultStoreTimeout, c.lease/3)
+	}
+	floor := func(option string, got, min time.Duration, why string) error {
+		if got >= min || c.unsafeShort {
+			return nil
+		}
+		return invalidArg("%s(%v) is shorter than %v: %s; if the unit was missed, write it (30*time.Second), or add WithUnsafeShortDurations() where a short one is meant (tests)", option, got, min, why)
+	}
 	switch {
 	case c.lease <= 0:
-		return invalidArg("lease must be positive, got %v", c.lease)
+		return invalidArg("WithLease(%v): the lease must be positive", c.lease)
 	case c.retention <= 0:
-		return invalidArg("retention must be positive, got %v", c.retention)
+		return invalidArg("WithRetention(%v): the retention must be positive", c.retention)
+	case c.storeTimeoutSet && c.storeTimeout <= 0:
+		return invalidArg("WithStoreTimeout(%v): the store timeout must be positive", c.storeTimeout)
+	}
+	if err := floor("WithLease", c.lease, MinLease,
+		"a lease this short can end before a heartbeat renews it, and another call would take the key over and run fn again while it still runs"); err != nil {
+		return err
+	}
+	if limits.MinLease > 0 && c.lease < limits.MinLease {
+		return invalidArg("WithLease(%v) is shorter than the store's minimum lease, %v (LimitedStore.Limits)", c.lease, limits.MinLease)
+	}
+	if err := floor("WithRetention", c.retention, MinRetention,
+		"a result kept this briefly is gone before most retries arrive, and they run fn again"); err != nil {
+		return err
+	}
+	if c.storeTimeoutSet {
+		if err := floor("WithStoreTimeout", c.storeTimeout, MinStoreTimeout,
+			"store calls this short time out, and a completion that times out after fn ran leaves the key to be taken over and fn run again"); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.retention < c.lease:
+		return invalidArg("WithRetention(%v) is shorter than the lease (WithLease, %v): a duplicate told to retry when the lease ends would find the result gone and run fn again", c.retention, c.lease)
+	case c.storeTimeout > c.lease/3:
+		return invalidArg("WithStoreTimeout(%v) does not fit in the lease (WithLease, %v): the heartbeat renews every third of the lease, so a store call must time out within %v for a renewal to be retried before the lease can end", c.storeTimeout, c.lease, c.lease/3)
 	case c.grace < 0:
-		return invalidArg("grace must not be negative, got %v", c.grace)
+		return invalidArg("WithGrace(%v): the grace must not be negative", c.grace)
 	case c.wait < 0:
-		return invalidArg("wait must not be negative, got %v", c.wait)
+		return invalidArg("WithWait(%v): the wait must not be negative", c.wait)
 	case c.codec == nil:
-		return invalidArg("nil codec")
+		return invalidArg("WithCodec(nil): the codec must not be nil")
 	case c.permanent == nil:
-		return invalidArg("nil error policy")
+		return invalidArg("WithErrorPolicy(nil): the error policy must not be nil")
 	case c.maxKeyLen <= 0 || c.maxKeyLen > MaxStorageKeyLen/2:
-		return invalidArg("max key length must be in 1..%d, got %d", MaxStorageKeyLen/2, c.maxKeyLen)
+		return invalidArg("WithMaxKeyLength(%d): must be in 1..%d", c.maxKeyLen, MaxStorageKeyLen/2)
 	case c.maxResult <= 0:
-		return invalidArg("max result size must be positive, got %d", c.maxResult)
+		return invalidArg("WithMaxResultSize(%d): must be positive", c.maxResult)
 	case c.storeAttempts <= 0:
-		return invalidArg("store attempts must be positive, got %d", c.storeAttempts)
+		return invalidArg("WithStoreRetries(%d, %v): attempts must be positive", c.storeAttempts, c.storeBackoff)
 	case c.storeBackoff < 0:
-		return invalidArg("store backoff must not be negative, got %v", c.storeBackoff)
-	case c.storeTimeout < 0:
-		return invalidArg("store timeout must not be negative, got %v", c.storeTimeout)
+		return invalidArg("WithStoreRetries(%d, %v): the backoff must not be negative", c.storeAttempts, c.storeBackoff)
 	}
 	return nil
 }
 
 // WithLease sets how long a holder's lease lasts without a heartbeat.
 // While fn runs, the lease is renewed every third of this. A holder that
-// crashes blocks its key for at most this long. Default: [DefaultLease].
+// crashes blocks its key for at most this long. [New] refuses a lease
+// shorter than [MinLease] (unless [WithUnsafeShortDurations]) or than the
+// store's own minimum. Default: [DefaultLease].
 func WithLease(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.lease = d })
 }
 
 // WithRetention sets how long a completed result is kept and replayed.
+// It must be at least the lease, and [New] refuses one shorter than
+// [MinRetention] (unless [WithUnsafeShortDurations]).
 // Default: [DefaultRetention].
 func WithRetention(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.retention = d })
@@ -145,20 +214,34 @@ func WithMaxResultSize(n int) Option {
 // and the first backoff between attempts (doubled each time, with
 // jitter). Every retry repeats the call with the same token, which the
 // store contract makes safe. Default: [DefaultStoreAttempts] attempts,
-// 20ms backoff.
+// [DefaultStoreBackoff].
 func WithStoreRetries(attempts int, backoff time.Duration) Option {
 	return optionFunc(func(c *config) { c.storeAttempts, c.storeBackoff = attempts, backoff })
 }
 
 // WithStoreTimeout bounds each store call attempt. A call that times out
 // has an unknown outcome and is repeated with the same token (see
-// [WithStoreRetries]). Set it when the context given to [Do] may never be
-// canceled (the calls after fn run on a context detached from the
-// caller's), or when the store's driver has no timeouts of its own, so a
-// black-holed network gives an error instead of a hang. The heartbeat is
-// bounded by the lease regardless. Default: 0, no timeout of its own.
+// [WithStoreRetries]); when every attempt times out, [Do] returns a
+// [*StoreError]. The bound holds even when the context given to Do is
+// never canceled (the calls after fn run on a context detached from the
+// caller's), so a black-holed network gives an error instead of a hang.
+// It must be positive and at most a third of the lease (the heartbeat's
+// interval), and [New] refuses one shorter than [MinStoreTimeout] (unless
+// [WithUnsafeShortDurations]). Default: [DefaultStoreTimeout], or a third
+// of the lease if that is shorter.
 func WithStoreTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.storeTimeout = d })
+	return optionFunc(func(c *config) { c.storeTimeout, c.storeTimeoutSet = d, true })
+}
+
+// WithUnsafeShortDurations lifts the floors [MinLease], [MinRetention] and
+// [MinStoreTimeout], which [New] otherwise enforces against unit typos.
+// It is meant for tests that run leases of a few hundred milliseconds on
+// the in-memory store. It does not lift the rules that hold whatever the
+// durations (the retention at least the lease, the store timeout within a
+// third of the lease) nor a store's own minimum lease: below those, fn can
+// run twice for one request.
+func WithUnsafeShortDurations() Option {
+	return optionFunc(func(c *config) { c.unsafeShort = true })
 }
 
 // Codec encodes the values that are stored.
