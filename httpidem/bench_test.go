@@ -36,12 +36,12 @@ func BenchmarkMiddleware(b *testing.B) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(`{"payment":"pay_1","status":"succeeded"}`))
 	})
-	mw, err := httpidem.New(newRunner(b, nil))
+	mw, err := httpidem.New(newRunner(b, nil), httpidem.WithScope(oneTenant))
 	if err != nil {
 		b.Fatal(err)
 	}
 	wrapped := mw(handler)
-	rawMW, err := httpidem.New(newRunner(b, nil), httpidem.WithFingerprint(httpidem.RawFingerprint))
+	rawMW, err := httpidem.New(newRunner(b, nil), httpidem.WithScope(oneTenant), httpidem.WithFingerprint(httpidem.RawFingerprint))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/httpidem"
@@ -17,14 +16,18 @@ import (
 // A payments endpoint behind the middleware: the client's retry with the
 // same key gets the first response, and the card is charged once.
 func ExampleNew() {
-	// A store timeout turns a store that stops answering into 503s
-	// instead of requests that hang.
-	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
+	runner, err := idempotency.New(memory.New(nil))
 	if err != nil {
 		panic(err)
 	}
-	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) []string {
-		return []string{r.Header.Get("X-Account")} // normally: the authenticated account
+	// Every key lives in its account's key space: another account that
+	// sends the same key never gets this account's response.
+	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+		account := r.Header.Get("X-Account") // normally: the authenticated account
+		if account == "" {
+			return nil, httpidem.RejectScope(http.StatusUnauthorized, "no account")
+		}
+		return []string{account, r.Pattern}, nil
 	}))
 	if err != nil {
 		panic(err)
@@ -36,7 +39,9 @@ func ExampleNew() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":"pay_%d"}`, n)
 	})
-	srv := httptest.NewServer(idem(pay))
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", idem(pay)) // r.Pattern, in the scope, is the route
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
 	key := httpidem.NewKey() // one key per user intent
@@ -63,11 +68,13 @@ func ExampleNew() {
 // A client whose first attempt meets an overloaded server: the transport
 // retries with the same key and body, and the payment happens once.
 func ExampleTransport() {
-	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
+	runner, err := idempotency.New(memory.New(nil))
 	if err != nil {
 		panic(err)
 	}
-	idem, err := httpidem.New(runner)
+	// One trusted client that makes random keys: a shared key space, said
+	// by name.
+	idem, err := httpidem.New(runner, httpidem.WithSharedKeySpace())
 	if err != nil {
 		panic(err)
 	}

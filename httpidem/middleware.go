@@ -13,16 +13,36 @@ import (
 	"github.com/exactlyonce/idempotency"
 )
 
-// ErrServerError is the error the middleware's function returns to the
-// runner when the handler answered with a 5xx status, so that the key is
-// released and a retry runs the handler again. It is transient under the
-// runner's default error policy; a custom policy
-// ([idempotency.WithErrorPolicy]) must keep it transient, or 5xx
-// responses would be stored and replayed.
-var ErrServerError = errors.New("httpidem: handler answered with a server error")
+// ErrTransientStatus is the error the middleware's function returns to
+// the runner when the handler answered with a status that means "try
+// again" (5xx, 408 Request Timeout, 429 Too Many Requests), so that the
+// key is released and a retry runs the handler again. It is transient
+// under the runner's default error policy; a custom policy
+// ([idempotency.WithErrorPolicy]) must keep it transient, or such
+// responses would be stored and replayed for the whole retention.
+var ErrTransientStatus = errors.New("httpidem: handler answered with a status that means try again")
+
+// ErrServerError is the former name of [ErrTransientStatus].
+//
+// Deprecated: use ErrTransientStatus.
+var ErrServerError = ErrTransientStatus
+
+// Stored reports whether the middleware stores a handler's response of
+// this status, to replay it to every retry: 2xx, 3xx and 4xx responses
+// are stored, except 408 and 429, which ask the client to try again;
+// 1xx (sent at once, as interim responses) and 5xx are not, and their key
+// is released so that a retry runs the handler again.
+func Stored(status int) bool {
+	return status >= 200 && status < 500 &&
+		status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+}
 
 // New returns a net/http middleware that makes the handlers it wraps
-// idempotent, on runner's store. A managed request (POST or PATCH by
+// idempotent. It runs them through exec: an [*idempotency.Runner] (the
+// mode of [idempotency.Do], on any store) or another
+// [idempotency.Executor], such as the PostgreSQL adapter's TxExecutor, in
+// which the key, the handler's writes and the stored response commit in
+// one transaction. A managed request (POST or PATCH by
 // default, see [WithMethods]) carrying an Idempotency-Key header runs the
 // handler at most once per scope, key and request fingerprint within the
 // runner's retention; every retry gets the stored response:
@@ -34,15 +54,23 @@ var ErrServerError = errors.New("httpidem: handler answered with a server error"
 //	same key, other body, method or path     422
 //	missing key on a route that requires it  400
 //	malformed key                            400
+//	scope function rejects the request       403 (or the status it chose), nothing claimed
 //	body larger than the limit               413, nothing claimed
+//	handler answers 5xx, 408 or 429          sent as it is, not stored: the key is released
+//	handler panics                           500, the key is released, the panic goes on
 //	store unreachable                        503, handler not run
 //	retry of a response too large to store   410, handler not run
 //
-// Error responses are RFC 9457 application/problem+json (see [Problem]
-// and the Problem* types). A response with status 500 or more is not
-// stored: the key is released and a retry runs the handler again. A panic
-// in the handler releases the key too, and is propagated. 1xx responses,
-// Set-Cookie and hop-by-hop headers are never stored.
+// Every managed request is scoped ([WithScope]); New refuses a middleware
+// without a scope unless [WithSharedKeySpace] says so. Error responses are
+// RFC 9457 application/problem+json (see [Problem] and the Problem*
+// types). Which statuses are stored is [Stored]'s rule. A panic in the
+// handler releases the key, answers 500 (unless the handler had started
+// streaming a response too large to store), and is then propagated, so
+// that the server logs it and an outer recovery middleware sees it.
+// Set-Cookie and hop-by-hop headers are never stored. Trailers are sent
+// on the fresh response, as the handler declared them, but neither stored
+// nor replayed.
 //
 // The response is buffered and stored before any of it is sent, so once
 // it is stored every retry within retention gets the same response. The
@@ -78,11 +106,17 @@ var ErrServerError = errors.New("httpidem: handler answered with a server error"
 // it, a Claim that times out on every attempt gives 503 and the handler
 // does not run.
 //
+// With an executor other than a Runner, a store failure whose
+// [idempotency.StoreError] has Ran false after the handler ran (a
+// transaction that did not commit) discards the handler's response and
+// answers 503: its effects were rolled back with the key, and the client's
+// retry runs it again.
+//
 // New returns an error wrapping [idempotency.ErrInvalidArgument] for a nil
-// runner or an invalid option.
-func New(runner *idempotency.Runner, opts ...Option) (func(http.Handler) http.Handler, error) {
-	if runner == nil {
-		return nil, invalidArg("nil runner")
+// executor, a missing scope or an invalid option.
+func New(exec idempotency.Executor, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if isNil(exec) {
+		return nil, invalidArg("nil executor")
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -94,15 +128,15 @@ func New(runner *idempotency.Runner, opts ...Option) (func(http.Handler) http.Ha
 	if err := cfg.validateConfig(); err != nil {
 		return nil, err
 	}
-	m := &middleware{runner: runner, cfg: cfg}
+	m := &middleware{exec: exec, cfg: cfg}
 	return func(next http.Handler) http.Handler {
 		return &handler{m: m, next: next}
 	}, nil
 }
 
 type middleware struct {
-	runner *idempotency.Runner
-	cfg    config
+	exec idempotency.Executor
+	cfg  config
 }
 
 type handler struct {
@@ -173,16 +207,33 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	var scope []string
 	if c.scope != nil {
-		scope = c.scope(r)
+		var ok bool
+		if scope, ok = m.scopeOf(w, r); !ok {
+			return
+		}
 	}
 
 	var rec *recorder // made when the handler runs: replays need none
+	panicked := true
+	defer func() {
+		if !panicked {
+			return
+		}
+		p := recover()
+		if p == nil {
+			return // runtime.Goexit: let it go on
+		}
+		m.answerPanic(w, rec, p)
+		panic(p)
+	}()
 	// A client that gives up on a slow response will retry and should then
 	// find the result: the handler is not canceled when its client goes
 	// away (only when its lease is lost).
-	res, err := idempotency.Do(context.WithoutCancel(r.Context()), m.runner,
+	res, err := m.exec.Execute(context.WithoutCancel(r.Context()),
 		idempotency.Request{Scope: scope, Key: key, Fingerprint: fp},
 		func(ctx context.Context) ([]byte, error) {
+			// A new recorder for every run: an executor may run fn again
+			// (a transaction retried after a serialization failure).
 			rec = &recorder{w: w, header: make(http.Header), limit: c.maxResponse}
 			rec.body = rec.inline[:0]
 			r2 := r.WithContext(ctx)
@@ -192,19 +243,22 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 			next.ServeHTTP(rec, r2)
 			rec.finish()
-			if rec.status >= 500 {
-				return nil, ErrServerError
+			if !Stored(rec.status) {
+				return nil, ErrTransientStatus
 			}
 			return rec.encode(c.stored), nil
 		})
+	panicked = false
 
+	var se *idempotency.StoreError
 	switch {
 	case err == nil && res.Replayed:
 		m.replay(w, res.Value)
-	case rec != nil:
+	case rec != nil && !(errors.As(err, &se) && !se.Ran):
 		// The handler ran: its response is the truth for this client, also
-		// when it was a 5xx (released), or when the store failed after it
-		// (StoreError.Ran) or the lease was lost under it.
+		// when it was not stored (5xx, 408, 429: released), or when the
+		// store failed after it (StoreError.Ran) or the lease was lost
+		// under it.
 		rec.flush()
 	case errors.Is(err, idempotency.ErrInProgress):
 		var ip *idempotency.InProgressError
@@ -222,10 +276,55 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	case errors.Is(err, idempotency.ErrResultNotStored):
 		m.notStored(w)
 	case errors.Is(err, idempotency.ErrStore):
+		// Also when the handler ran but its effects were rolled back
+		// together with the key (an executor's transaction that did not
+		// commit): its response would tell of effects that did not happen.
 		writeProblem(w, http.StatusServiceUnavailable, ProblemStoreUnavailable,
 			"the request was not processed; retry with the same key", time.Second)
 	default:
 		writeProblem(w, http.StatusInternalServerError, ProblemInternal, "", 0)
+	}
+}
+
+// scopeOf returns r's scope, or answers the rejection and reports false.
+func (m *middleware) scopeOf(w http.ResponseWriter, r *http.Request) ([]string, bool) {
+	scope, err := m.cfg.scope(r)
+	if err == nil {
+		if len(scope) == 0 {
+			err = RejectScope(http.StatusForbidden, "the request has no scope (tenant, actor)")
+		}
+		for _, p := range scope {
+			if p == "" {
+				err = RejectScope(http.StatusForbidden, "a part of the request's scope (tenant, actor) is empty")
+				break
+			}
+		}
+	}
+	if err == nil {
+		return scope, true
+	}
+	status, detail := http.StatusForbidden, "the request's scope (tenant, actor) could not be established"
+	var se *ScopeError
+	if errors.As(err, &se) {
+		detail = se.Detail
+		if se.Status >= 400 && se.Status <= 599 {
+			status = se.Status
+		}
+	}
+	writeProblem(w, status, ProblemScopeRejected, detail, 0)
+	return nil, false
+}
+
+// answerPanic answers 500 after the handler panicked with p, unless p is
+// http.ErrAbortHandler (the handler meant to abort the response) or the
+// response has begun; the executor has released the key already.
+func (m *middleware) answerPanic(w http.ResponseWriter, rec *recorder, p any) {
+	if p != http.ErrAbortHandler && (rec == nil || !rec.flushed) {
+		writeProblem(w, http.StatusInternalServerError, ProblemInternal,
+			"the request failed and was not stored; retry with the same key", 0)
+		// Out before the panic goes on: the server closes the connection
+		// when it recovers the panic, and would drop a buffered response.
+		http.NewResponseController(w).Flush()
 	}
 }
 

@@ -33,9 +33,18 @@ func newRunner(t testing.TB, store idempotency.Store, opts ...idempotency.Option
 	return r
 }
 
+// wrap makes the middleware on r around h, scoped to one tenant.
 func wrap(t testing.TB, r *idempotency.Runner, h http.Handler, opts ...httpidem.Option) http.Handler {
 	t.Helper()
-	mw, err := httpidem.New(r, opts...)
+	return wrapRaw(t, r, h, append([]httpidem.Option{httpidem.WithScope(oneTenant)}, opts...)...)
+}
+
+func oneTenant(*http.Request) ([]string, error) { return []string{"tenant-1"}, nil }
+
+// wrapRaw is wrap without the scope: the options must give one.
+func wrapRaw(t testing.TB, exec idempotency.Executor, h http.Handler, opts ...httpidem.Option) http.Handler {
+	t.Helper()
+	mw, err := httpidem.New(exec, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,10 +634,10 @@ func TestPanicReleases(t *testing.T) {
 }
 
 func TestScopeIsolatesUsers(t *testing.T) {
-	h := wrap(t, newRunner(t, nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := wrapRaw(t, newRunner(t, nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "receipt for "+r.Header.Get("X-User"))
-	}), httpidem.WithScope(func(r *http.Request) []string { return []string{r.Header.Get("X-User")} }))
+	}), httpidem.WithScope(func(r *http.Request) ([]string, error) { return []string{r.Header.Get("X-User")}, nil }))
 	a := do(h, "POST", "/p", "shared", `{"amount":1}`, "X-User", "alice")
 	b := do(h, "POST", "/p", "shared", `{"amount":1}`, "X-User", "bob")
 	if a.Body.String() != "receipt for alice" || b.Body.String() != "receipt for bob" {
@@ -722,6 +731,9 @@ func TestOptions(t *testing.T) {
 	if _, err := httpidem.New(nil); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Fatalf("nil runner: %v", err)
 	}
+	if _, err := httpidem.New((*idempotency.Runner)(nil), httpidem.WithSharedKeySpace()); !errors.Is(err, idempotency.ErrInvalidArgument) {
+		t.Fatalf("typed nil runner: %v", err)
+	}
 	for name, o := range map[string]httpidem.Option{
 		"nil option":      nil,
 		"key header":      httpidem.WithKeyHeader("bad header"),
@@ -733,7 +745,7 @@ func TestOptions(t *testing.T) {
 		"response size":   httpidem.WithMaxResponseSize(-1),
 		"max retry-after": httpidem.WithMaxRetryAfter(time.Millisecond),
 	} {
-		if _, err := httpidem.New(r, o); !errors.Is(err, idempotency.ErrInvalidArgument) {
+		if _, err := httpidem.New(r, httpidem.WithSharedKeySpace(), o); !errors.Is(err, idempotency.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"reflect"
 	"strings"
 	"time"
 
@@ -79,7 +80,8 @@ type config struct {
 	replayHeader  string // canonical
 	methods       []string
 	required      func(*http.Request) bool
-	scope         func(*http.Request) []string
+	scope         ScopeFunc
+	sharedKeys    bool
 	validate      func(string) error
 	fingerprint   FingerprintFunc
 	maxBody       int64
@@ -119,6 +121,10 @@ func (c *config) validateConfig() error {
 		return invalidArg("invalid key header name %q", c.keyHeader)
 	case c.replayHeader == "" || !validHeaderName(c.replayHeader):
 		return invalidArg("invalid replay header name %q", c.replayHeader)
+	case c.scope == nil && !c.sharedKeys:
+		return invalidArg("no scope: give WithScope, so that one client's key can never reach another client's stored response, or WithSharedKeySpace() if every caller is trusted to make keys no other caller can guess")
+	case c.scope != nil && c.sharedKeys:
+		return invalidArg("both WithScope and WithSharedKeySpace: choose one")
 	case len(c.methods) == 0:
 		return invalidArg("no methods")
 	case c.fingerprint == nil:
@@ -180,15 +186,35 @@ func WithRequired(required func(r *http.Request) bool) Option {
 	return optionFunc(func(c *config) { c.required = required })
 }
 
-// WithScope sets the function that returns the scope of a request: the
-// tenant, the authenticated actor, anything that must keep one client's
-// key from reaching another's record. The parts are encoded into the
-// storage key without ambiguity; they must be valid UTF-8 without control
-// characters. Default: no scope, one key space for every client, which is
-// right only when a single client (or trusted clients that make unique
-// keys) call the service.
-func WithScope(scope func(r *http.Request) []string) Option {
+// ScopeFunc returns the scope of a request: the tenant, the authenticated
+// actor, the operation, anything that must keep one client's key from
+// reaching another's record. The parts are encoded into the storage key
+// without ambiguity; each must be non-empty, valid UTF-8 without control
+// characters.
+//
+// A non-nil error rejects the request: the handler does not run, nothing
+// is claimed or stored, and the client gets a problem of type
+// [ProblemScopeRejected], with the status and detail of a [ScopeError]
+// (see [RejectScope]) or, for any other error, 403 and a generic detail
+// (the error's text is not sent, as it may describe internals). No parts,
+// or an empty part, is rejected the same way: a missing tenant must not
+// fall back to a key space shared with other requests that lack one.
+type ScopeFunc func(r *http.Request) ([]string, error)
+
+// WithScope sets the function that scopes every managed request's key
+// (see [ScopeFunc]). [New] requires it, or [WithSharedKeySpace].
+func WithScope(scope ScopeFunc) Option {
 	return optionFunc(func(c *config) { c.scope = scope })
+}
+
+// WithSharedKeySpace puts the keys of every client into one key space: a
+// client that sends another client's key gets that client's stored
+// response. It is right only when a single client, or trusted clients
+// that make keys no one else can guess (random UUIDs), call the service.
+// [New] refuses a middleware with neither this nor [WithScope], so that
+// sharing is always a choice made by name.
+func WithSharedKeySpace() Option {
+	return optionFunc(func(c *config) { c.sharedKeys = true })
 }
 
 // WithKeyValidator adds a check of the key, after its quotes are removed
@@ -233,4 +259,14 @@ func WithStoredHeaders(names ...string) Option {
 // one second). Default: [DefaultMaxRetryAfter].
 func WithMaxRetryAfter(max time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRetryAfter = max })
+}
+
+// isNil reports whether v is nil or holds a nil pointer (a typed nil such
+// as a nil *idempotency.Runner).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

@@ -40,8 +40,14 @@ const (
 	// ProblemStoreUnavailable (503): the idempotency store could not be
 	// reached, so the request was not processed. Retry with the same key.
 	ProblemStoreUnavailable = problemBase + "ProblemStoreUnavailable"
-	// ProblemInternal (500): the stored response could not be read, or the
-	// request failed in a way the middleware cannot classify.
+	// ProblemScopeRejected (403 unless the scope function chose another
+	// status with [RejectScope]): the request's scope (tenant, actor) could
+	// not be established, so its key cannot be used. Nothing was claimed
+	// and the handler did not run.
+	ProblemScopeRejected = problemBase + "ProblemScopeRejected"
+	// ProblemInternal (500): the handler panicked (the key was released,
+	// so a retry runs it again), the stored response could not be read, or
+	// the request failed in a way the middleware cannot classify.
 	ProblemInternal = problemBase + "ProblemInternal"
 )
 
@@ -76,6 +82,7 @@ var problemTitles = map[string]string{
 	ProblemKeyReused:         "Idempotency key reused with a different request",
 	ProblemResponseNotStored: "Response of the original request not stored",
 	ProblemStoreUnavailable:  "Idempotency store unavailable",
+	ProblemScopeRejected:     "Request scope rejected",
 	ProblemInternal:          "Internal error",
 }
 
@@ -92,4 +99,26 @@ func writeProblem(w http.ResponseWriter, status int, typ, detail string, retryAf
 	}
 	w.WriteHeader(status)
 	w.Write(body)
+}
+
+// ScopeError is the error a [ScopeFunc] returns to reject a request with
+// a status and detail of its choosing. Make one with [RejectScope].
+type ScopeError struct {
+	// Status is the response's status: 400 to 599. Another value counts
+	// as 403.
+	Status int
+	// Detail is sent to the client as the problem's detail.
+	Detail string
+}
+
+func (e *ScopeError) Error() string {
+	return "httpidem: scope rejected (" + strconv.Itoa(e.Status) + "): " + e.Detail
+}
+
+// RejectScope returns the error with which a [ScopeFunc] rejects a
+// request: the client gets status (say 401 for a missing credential, 403
+// for an actor that may not use the route, 503 when the tenant directory
+// is down) and a problem of type [ProblemScopeRejected] with detail.
+func RejectScope(status int, detail string) error {
+	return &ScopeError{Status: status, Detail: detail}
 }

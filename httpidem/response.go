@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 )
 
 // recorder is the ResponseWriter the handler writes to. It buffers the
@@ -17,8 +19,14 @@ import (
 type recorder struct {
 	in     bodyReader // the request body handed to the handler
 	w      http.ResponseWriter
-	header http.Header
-	limit  int
+	header http.Header // the handler's header until the final status is written
+	// after is the header map the handler sees once the final status is
+	// written (made by the first Header call after it): as with net/http,
+	// what is changed there no longer reaches the response, except the
+	// trailers the handler declared.
+	after http.Header
+	sent  bool // the final status is written: header is the response's
+	limit int
 
 	status  int // 0 until the final header is written
 	body    []byte
@@ -33,7 +41,15 @@ type bodyReader struct{ bytes.Reader }
 
 func (*bodyReader) Close() error { return nil }
 
-func (rec *recorder) Header() http.Header { return rec.header }
+func (rec *recorder) Header() http.Header {
+	if !rec.sent {
+		return rec.header
+	}
+	if rec.after == nil {
+		rec.after = rec.header.Clone()
+	}
+	return rec.after
+}
 
 func (rec *recorder) WriteHeader(code int) {
 	if rec.status != 0 {
@@ -50,6 +66,7 @@ func (rec *recorder) WriteHeader(code int) {
 		panic("httpidem: invalid WriteHeader code " + strconv.Itoa(code))
 	}
 	rec.status = code
+	rec.sent = true
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
@@ -111,20 +128,70 @@ func (rec *recorder) finish() {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
-	if _, ok := rec.header["Content-Type"]; !ok && len(rec.body) > 0 && bodyAllowed(rec.status) {
+	if _, ok := rec.header["Content-Type"]; !ok && len(rec.body) > 0 && bodyAllowed(rec.status) && !rec.direct {
 		// What net/http would sniff, so the stored response says it too.
 		rec.header.Set("Content-Type", http.DetectContentType(rec.body))
 	}
+	if rec.direct {
+		rec.sendTrailers()
+	}
 }
 
-// flush writes the buffered response to the client (once).
+// hasTrailers reports whether the response has trailers: declared in the
+// Trailer header, or set after the body with http.TrailerPrefix.
+func (rec *recorder) hasTrailers() bool {
+	if len(rec.header["Trailer"]) > 0 {
+		return true
+	}
+	for k := range rec.after {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// sendTrailers hands the trailer values the handler set after the final
+// status to the client's writer, which sends them after the body as
+// net/http does for a handler that writes directly.
+func (rec *recorder) sendTrailers() {
+	if rec.after == nil {
+		return
+	}
+	h := rec.w.Header()
+	for _, v := range rec.header["Trailer"] {
+		for _, name := range strings.Split(v, ",") {
+			name = textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(name))
+			if vs, ok := rec.after[name]; ok {
+				h[name] = vs
+			}
+		}
+	}
+	for k, vs := range rec.after {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			h[k] = vs
+		}
+	}
+}
+
+// flush writes the buffered response to the client (once), with its
+// trailers.
 func (rec *recorder) flush() {
 	if rec.flushed {
 		return
 	}
 	rec.flushed = true
 	copyHeader(rec.w.Header(), rec.header)
-	writeBody(rec.w, rec.status, rec.body)
+	if !rec.hasTrailers() {
+		writeBody(rec.w, rec.status, rec.body)
+		return
+	}
+	// No Content-Length: trailers need a chunked (or HTTP/2) body.
+	rec.w.WriteHeader(rec.status)
+	if len(rec.body) > 0 && bodyAllowed(rec.status) {
+		rec.w.Write(rec.body)
+	}
+	rec.sendTrailers()
 }
 
 func writeBody(w http.ResponseWriter, status int, body []byte) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -25,7 +26,10 @@ const (
 // A request with a key is retried after a network error (including
 // AttemptTimeout expiring), and after a response with status 5xx, 429 or
 // 409 (the key in use by an earlier attempt still running); never after
-// any other status. Between attempts it waits a random time between zero
+// any other status, and never after a replayed response (one that carries
+// the replay header, Idempotent-Replayed: true), whatever its status: it
+// is the stored outcome of the first request, and every retry would get it
+// again. Between attempts it waits a random time between zero
 // and MinBackoff·2^(n-1), capped at MaxBackoff ("full jitter", so that a
 // crowd of clients does not retry in lockstep), or the response's
 // Retry-After if that is longer. It stops after MaxAttempts attempts, or
@@ -47,6 +51,9 @@ type Transport struct {
 	Base http.RoundTripper
 	// KeyHeader names the key header. "" means [DefaultKeyHeader].
 	KeyHeader string
+	// ReplayHeader names the header by which the server marks a replayed
+	// response. "" means [DefaultReplayHeader].
+	ReplayHeader string
 	// MaxAttempts bounds the attempts per request, the first included.
 	// 0 means [DefaultMaxAttempts].
 	MaxAttempts int
@@ -86,6 +93,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.KeyHeader != "" {
 		name = textproto.CanonicalMIMEHeaderKey(t.KeyHeader)
 	}
+	replayed := DefaultReplayHeader
+	if t.ReplayHeader != "" {
+		replayed = textproto.CanonicalMIMEHeaderKey(t.ReplayHeader)
+	}
 	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	if len(req.Header[name]) == 0 || !rewindable {
 		return t.attempt(base, req)
@@ -122,7 +133,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return nil, ctx.Err()
 		}
-		if !retryable(resp, err) || n >= maxAttempts {
+		if !retryable(resp, err, replayed) || n >= maxAttempts {
 			return resp, err
 		}
 		wait := t.jitter(min(backoff, maxBackoff))
@@ -180,9 +191,12 @@ func (b *cancelBody) Close() error {
 	return err
 }
 
-func retryable(resp *http.Response, err error) bool {
+func retryable(resp *http.Response, err error, replayHeader string) bool {
 	if err != nil {
 		return true
+	}
+	if v := resp.Header[replayHeader]; len(v) > 0 && strings.EqualFold(strings.TrimSpace(v[0]), "true") {
+		return false
 	}
 	s := resp.StatusCode
 	return s >= 500 || s == http.StatusTooManyRequests || s == http.StatusConflict

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -17,11 +16,17 @@ import (
 // The middleware is a plain func(http.Handler) http.Handler: chi takes it
 // with Use or, for some routes only, With.
 func Example() {
-	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
+	runner, err := idempotency.New(memory.New(nil))
 	if err != nil {
 		panic(err)
 	}
-	idem, err := httpidem.New(runner)
+	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+		account := r.Header.Get("X-Account") // in a real service: from the verified credential
+		if account == "" {
+			return nil, httpidem.RejectScope(http.StatusUnauthorized, "no account")
+		}
+		return []string{account}, nil
+	}))
 	if err != nil {
 		panic(err)
 	}

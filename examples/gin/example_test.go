@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -21,11 +20,17 @@ import (
 // writer, which is why it goes in front of the engine.
 func Example() {
 	gin.SetMode(gin.ReleaseMode)
-	runner, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(2*time.Second))
+	runner, err := idempotency.New(memory.New(nil))
 	if err != nil {
 		panic(err)
 	}
-	idem, err := httpidem.New(runner, httpidem.WithRequired(func(r *http.Request) bool {
+	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+		account := r.Header.Get("X-Account") // in a real service: from the verified credential
+		if account == "" {
+			return nil, httpidem.RejectScope(http.StatusUnauthorized, "no account")
+		}
+		return []string{account}, nil
+	}), httpidem.WithRequired(func(r *http.Request) bool {
 		return r.URL.Path == "/payments"
 	}))
 	if err != nil {

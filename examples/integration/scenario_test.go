@@ -20,12 +20,12 @@ import (
 // mismatch, concurrency, scope, 5xx release, lost responses and the
 // retrying transport.
 func scenario(t *testing.T, store idempotency.Store) {
-	runner, err := idempotency.New(store, idempotency.WithLease(2*time.Second), idempotency.WithRetention(time.Minute), idempotency.WithStoreTimeout(2*time.Second))
+	runner, err := idempotency.New(store, idempotency.WithLease(2*time.Second), idempotency.WithRetention(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) []string {
-		return []string{r.Header.Get("X-User")}
+	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+		return []string{r.Header.Get("X-User")}, nil
 	}))
 	if err != nil {
 		t.Fatal(err)

@@ -54,9 +54,6 @@ const (
 	// trips and a loaded machine, and the crash is still taken over within
 	// a few seconds.
 	NetworkLease = time.Second
-	// DefaultStoreTimeout bounds each store call attempt, so that a store
-	// that stops answering gives the clients 503s instead of hanging them.
-	DefaultStoreTimeout = 2 * time.Second
 )
 
 // Config configures [Run]. The zero value means the defaults.
@@ -68,7 +65,9 @@ type Config struct {
 	// [DefaultLease].
 	Lease time.Duration
 	// StoreTimeout bounds each store call attempt
-	// ([idempotency.WithStoreTimeout]). 0 means [DefaultStoreTimeout].
+	// ([idempotency.WithStoreTimeout]). 0 means the runner's default:
+	// [idempotency.DefaultStoreTimeout], or a third of the lease if that
+	// is shorter.
 	StoreTimeout time.Duration
 	// Verbose writes every client outcome to the output as it happens.
 	Verbose bool
@@ -100,22 +99,29 @@ func Run(store idempotency.Store, cfg Config, out io.Writer) (bool, error) {
 	if lease == 0 {
 		lease = DefaultLease
 	}
-	storeTimeout := cfg.StoreTimeout
-	if storeTimeout == 0 {
-		storeTimeout = DefaultStoreTimeout
+	opts := []idempotency.Option{
+		idempotency.WithLease(lease),
+		idempotency.WithRetention(time.Minute),
+		// The demo's lease on the in-memory store is shorter than
+		// idempotency.MinLease, so that the crashed worker's payment is
+		// taken over in a blink; its store answers in microseconds.
+		idempotency.WithUnsafeShortDurations(),
+	}
+	if cfg.StoreTimeout != 0 {
+		opts = append(opts, idempotency.WithStoreTimeout(cfg.StoreTimeout))
 	}
 	out = &lockedWriter{w: out}
 	d := newDemo(store)
-	runner, err := idempotency.New(d.store.forRunner(),
-		idempotency.WithLease(lease),
-		idempotency.WithRetention(time.Minute),
-		idempotency.WithStoreTimeout(storeTimeout),
-	)
+	runner, err := idempotency.New(d.store.forRunner(), opts...)
 	if err != nil {
 		return false, err
 	}
-	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) []string {
-		return []string{r.Header.Get("X-Customer")} // the authenticated customer, in a real API
+	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+		customer := r.Header.Get("X-Customer") // the authenticated customer, in a real API
+		if customer == "" {
+			return nil, httpidem.RejectScope(http.StatusUnauthorized, "no customer")
+		}
+		return []string{customer}, nil
 	}))
 	if err != nil {
 		return false, err

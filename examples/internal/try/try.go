@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 )
 
-// Post sends a JSON POST with an Idempotency-Key (none when key is
-// empty) and returns its status,
+// Post sends a JSON POST as account acct_1 (header X-Account) with an
+// Idempotency-Key (none when key is empty) and returns its status,
 // its Idempotent-Replayed header and its body on one line.
 func Post(url, key, body string) string {
 	req, err := http.NewRequest("POST", url, strings.NewReader(body))
@@ -18,6 +18,7 @@ func Post(url, key, body string) string {
 		return err.Error()
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Account", "acct_1")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
