@@ -85,7 +85,6 @@ func TestStorageKeyUnambiguous(t *testing.T) {
 		{[]string{"a", "b"}, "c"},
 		{[]string{"ab"}, "c"},
 		{nil, "abc"},
-		{[]string{""}, "abc"},
 		{[]string{"1:a"}, "bc"},
 	}
 	seen := map[string]int{}

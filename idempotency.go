@@ -90,7 +90,9 @@ func (r *Runner) Observe(ctx context.Context, e Event) { r.observe(ctx, e) }
 type Request struct {
 	// Scope parts (tenant, authenticated actor, operation or route) are
 	// part of the storage key, encoded without ambiguity, so a key from one
-	// scope never reaches another's record. May be empty.
+	// scope never reaches another's record. Each part must be non-empty,
+	// valid UTF-8 without control characters ([ErrInvalidKey] otherwise).
+	// No parts at all means one key space for every caller.
 	Scope []string
 	// Key is the client's idempotency key: non-empty, at most the
 	// configured length (255 bytes by default), valid UTF-8 without control

@@ -381,6 +381,7 @@ func TestInvalidInput(t *testing.T) {
 		{"C1 control", idempotency.Request{Key: "a\u0085b"}},
 		{"invalid UTF-8", idempotency.Request{Key: "a\xffb"}},
 		{"invalid scope", idempotency.Request{Scope: []string{"t\x00"}, Key: "k"}},
+		{"empty scope part", idempotency.Request{Scope: []string{"", "POST /payments"}, Key: "k"}},
 	} {
 		_, err := idempotency.Do(ctx, r, tc.req, fn)
 		if !errors.Is(err, idempotency.ErrInvalidKey) {

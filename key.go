@@ -63,6 +63,11 @@ func storageKey(scope []string, key string, max int) (string, error) {
 	}
 	n := len(key) + 4
 	for _, p := range scope {
+		if p == "" {
+			// A missing tenant must not become a key space of its own
+			// shared by every request that lacks one.
+			return "", invalidKey("a scope part is empty", key)
+		}
 		if err := validateText(p, "scope"); err != nil {
 			return "", err
 		}
