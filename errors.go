@@ -67,12 +67,15 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 // store's own error (a driver error, a context error), and matches ErrStore.
 type StoreError struct {
 	// Op is the store operation: "claim", "renew", "checkpoint",
-	// "complete" or "release".
+	// "complete" or "release"; an [Executor] of a transactional mode adds
+	// "begin" and "commit".
 	Op string
 	// Ran reports that fn had already run when the store failed, so its
 	// effect may have happened although no result was recorded. The record
 	// stays STARTED until its lease ends; a retry after that takes it over
-	// (with a greater fence and the recovery points made so far).
+	// (with a greater fence and the recovery points made so far). In a
+	// transactional mode, where fn's writes roll back with the key, Ran is
+	// false even after fn ran: a retry repeats nothing that happened.
 	Ran bool
 	// Err is the store's error.
 	Err error

@@ -213,9 +213,6 @@ type Info struct {
 	Key string
 	// StorageKey is the scoped key the record is stored under.
 	StorageKey string
-	// Scope is the request's scope parts ([Request.Scope]), shared with
-	// the caller: do not modify it.
-	Scope []string
 	// Fence strictly increases on every claim and takeover of the key:
 	// guard your own writes with it (UPDATE ... WHERE fence < $fence) so a
 	// stale holder's late write is refused.
@@ -228,7 +225,7 @@ type Info struct {
 // the Info an adapter's own execution mode attached with [NewContext].
 func FromContext(ctx context.Context) (Info, bool) {
 	if h := holderFrom(ctx); h != nil {
-		return Info{Key: h.clientKey, StorageKey: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt}, true
+		return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
 	}
 	if ctx == nil {
 		return Info{}, false

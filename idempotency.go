@@ -80,6 +80,10 @@ func (r *Runner) Lease() time.Duration { return r.cfg.lease }
 // Retention returns the configured retention (see [WithRetention]).
 func (r *Runner) Retention() time.Duration { return r.cfg.retention }
 
+// StoreTimeout returns the bound on each store call attempt (see
+// [WithStoreTimeout]), for adapters that run their own execution mode.
+func (r *Runner) StoreTimeout() time.Duration { return r.cfg.storeTimeout }
+
 // Observe hands e to the runner's observer, if it has one. It is exported
 // for adapters that run their own execution mode, so their outcomes reach
 // the same logs and metrics as [Do]'s.

@@ -175,12 +175,7 @@ func TestEventsCarryTheScope(t *testing.T) {
 	}
 	rq := req("scoped")
 	for range 2 {
-		if _, err := idempotency.Do(context.Background(), r, rq, func(ctx context.Context) (int, error) {
-			if info, _ := idempotency.FromContext(ctx); len(info.Scope) != 2 || info.Scope[1] != rq.Scope[1] {
-				t.Errorf("FromContext scope = %q", info.Scope)
-			}
-			return 1, nil
-		}); err != nil {
+		if _, err := idempotency.Do(context.Background(), r, rq, func(ctx context.Context) (int, error) { return 1, nil }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -71,22 +71,29 @@ const (
 // In tx mode, DoTx needs two round trips on top of fn's: one to claim, one
 // to record (or, for a replay, to release the savepoint).
 func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idempotency.Request, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (idempotency.Result[T], error) {
-	var res idempotency.Result[T]
+	res, _, err := doTx(ctx, r, tx, req, fn)
+	return res, err
+}
+
+// doTx is DoTx; recorded reports that fn ran and its outcome (a value or
+// a permanent error) was recorded in tx, which must then be committed for
+// the outcome to last.
+func doTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idempotency.Request, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (res idempotency.Result[T], recorded bool, err error) {
 	switch {
 	case r == nil:
-		return res, fmt.Errorf("%w: postgres: nil runner", idempotency.ErrInvalidArgument)
+		return res, false, fmt.Errorf("%w: postgres: nil runner", idempotency.ErrInvalidArgument)
 	case tx == nil:
-		return res, fmt.Errorf("%w: postgres: nil transaction", idempotency.ErrInvalidArgument)
+		return res, false, fmt.Errorf("%w: postgres: nil transaction", idempotency.ErrInvalidArgument)
 	case fn == nil:
-		return res, fmt.Errorf("%w: postgres: nil fn", idempotency.ErrInvalidArgument)
+		return res, false, fmt.Errorf("%w: postgres: nil fn", idempotency.ErrInvalidArgument)
 	}
 	s, ok := r.Store().(*Store)
 	if !ok {
-		return res, fmt.Errorf("%w: postgres: DoTx needs a Runner on a *postgres.Store, not %T", idempotency.ErrInvalidArgument, r.Store())
+		return res, false, fmt.Errorf("%w: postgres: DoTx needs a Runner on a *postgres.Store, not %T", idempotency.ErrInvalidArgument, r.Store())
 	}
 	key, err := r.StorageKey(req)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	cr := idempotency.ClaimRequest{
 		Key:         key,
@@ -99,15 +106,15 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 	}
 	out, err := s.claimTx(ctx, tx, cr)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	res.Fence, res.Attempt = out.Fence, out.Attempt
 	if out.Outcome != idempotency.OutcomeAcquired {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+savepointClaim); err != nil {
-			return res, &idempotency.StoreError{Op: "claim", Err: wrapErr(ctx, "release savepoint", err)}
+			return res, false, &idempotency.StoreError{Op: "claim", Err: wrapErr(ctx, "release savepoint", err)}
 		}
 	}
-	ev := idempotency.Event{Key: key, Fence: out.Fence, Attempt: out.Attempt}
+	ev := idempotency.Event{Key: key, Scope: req.Scope, Fence: out.Fence, Attempt: out.Attempt}
 	observe := func(kind idempotency.EventKind, err error) {
 		ev.Kind, ev.Err = kind, err
 		r.Observe(ctx, ev)
@@ -117,13 +124,13 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 		observe(idempotency.EventReplayed, nil)
 		res.Replayed = true
 		res.Value, err = idempotency.DecodeOutcome[T](r, out.Result)
-		return res, err
+		return res, false, err
 	case idempotency.OutcomeMismatch:
 		observe(idempotency.EventMismatch, nil)
-		return res, idempotency.ErrMismatch
+		return res, false, idempotency.ErrMismatch
 	case idempotency.OutcomeInProgress:
 		observe(idempotency.EventInProgress, nil)
-		return res, &idempotency.InProgressError{RetryAfter: out.RetryAfter}
+		return res, false, &idempotency.InProgressError{RetryAfter: out.RetryAfter}
 	}
 	observe(idempotency.EventAcquired, nil)
 
@@ -150,10 +157,10 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 		defer cancel()
 		if err := undoClaim(cctx, tx); err != nil {
 			observe(idempotency.EventStoreError, err)
-			return res, fmt.Errorf("%w (and undoing the claim failed, so roll the transaction back: %w)", fnErr, err)
+			return res, false, fmt.Errorf("%w (and undoing the claim failed, so roll the transaction back: %w)", fnErr, err)
 		}
 		observe(idempotency.EventReleased, fnErr)
-		return res, fnErr
+		return res, false, fnErr
 	}
 	if fnErr == nil && len(stored) > s.opts.MaxValueSize {
 		// The runner's limit is larger than the store's: as Do does, keep
@@ -162,14 +169,14 @@ func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 	}
 	if err := s.completeTx(ctx, tx, key, cr.Token, stored, r.Retention(), fnErr != nil); err != nil {
 		observe(idempotency.EventStoreError, err)
-		return res, &idempotency.StoreError{Op: "complete", Ran: true, Err: err}
+		return res, false, &idempotency.StoreError{Op: "complete", Ran: true, Err: err}
 	}
 	observe(idempotency.EventCompleted, nil)
 	if fnErr != nil {
-		return res, fnErr
+		return res, true, fnErr
 	}
 	res.Value = v
-	return res, nil
+	return res, true, nil
 }
 
 // claimTx runs the claim inside a savepoint of tx, under Options.TxLockWait

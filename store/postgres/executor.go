@@ -1,0 +1,178 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTxAttempts is how many times a [TxExecutor] runs a transaction
+// lost to a serialization failure or a deadlock, the first included.
+const DefaultTxAttempts = 3
+
+// TxExecutorOptions configure a [TxExecutor]. The zero value (or nil)
+// means defaults.
+type TxExecutorOptions struct {
+	// TxOptions are the options of every transaction (isolation level,
+	// access mode). Default: the server's default isolation (READ
+	// COMMITTED), read-write. At READ COMMITTED a concurrent duplicate
+	// waits on the key's row lock (see [Options.TxLockWait]) and then
+	// replays; at REPEATABLE READ or SERIALIZABLE it fails with a
+	// serialization failure and its next attempt replays.
+	TxOptions pgx.TxOptions
+	// MaxAttempts bounds how many times a transaction that fails with a
+	// serialization failure or a deadlock ([IsRetryable]) is run again
+	// from the start, fn included (its earlier run was rolled back).
+	// Default: [DefaultTxAttempts].
+	MaxAttempts int
+}
+
+// TxExecutor runs functions in transactional mode: each call begins a
+// transaction on its DB, runs fn under [DoTx] in it and commits, so the
+// idempotency key, every write fn makes through the transaction and fn's
+// stored result commit together or not at all. It is an
+// [idempotency.Executor]: give it to the HTTP middleware
+// (httpidem.New(executor, ...)) to run handlers this way; a handler
+// reaches the transaction with [TxFromContext].
+//
+// Execute reports what [DoTx] reports, and:
+//   - a transient error from fn rolls the transaction back and is returned
+//     (a retry runs fn again); a permanent one is recorded and committed,
+//     and replayed to every retry;
+//   - a transaction that cannot begin, record or commit is rolled back and
+//     reported as an [*idempotency.StoreError] with Ran false, even when fn
+//     ran: its writes were rolled back with the key, so a retry does not
+//     repeat them (a commit whose reply was lost may have committed; then
+//     the retry replays). An HTTP client then gets 503, never a response
+//     whose writes did not commit;
+//   - a concurrent duplicate waits on the key's row lock and replays the
+//     first call's result once it commits (or runs fn, if it rolled
+//     back); with [Options.TxLockWait] it gives up with an
+//     [*idempotency.InProgressError] instead (HTTP 409).
+//
+// Beginning and committing are bounded by the runner's store timeout
+// ([idempotency.WithStoreTimeout]), so a database that stops answering
+// fails the call instead of hanging it; fn's own statements are bounded
+// by fn. [idempotency.Step] is not available in transactional mode (see
+// [DoTx]). Effects outside the database (a call to a payment gateway) are
+// not rolled back: give them a downstream key ([idempotency.DownstreamKey]).
+type TxExecutor struct {
+	db     TxBeginner
+	runner *idempotency.Runner
+	opts   TxExecutorOptions
+}
+
+var _ idempotency.Executor = (*TxExecutor)(nil)
+
+// NewTxExecutor returns an executor that begins its transactions on db (a
+// *pgxpool.Pool or a *pgx.Conn; never closed) and runs [DoTx] with r,
+// which must be a Runner on a [*Store]. It returns an error wrapping
+// [idempotency.ErrInvalidArgument] for a nil db or runner, a runner on
+// another store, or invalid options.
+func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions) (*TxExecutor, error) {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: postgres: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case db == nil:
+		return nil, invalid("nil db")
+	case r == nil:
+		return nil, invalid("nil runner")
+	}
+	if _, ok := r.Store().(*Store); !ok {
+		return nil, invalid("TxExecutor needs a Runner on a *postgres.Store, not %T", r.Store())
+	}
+	e := &TxExecutor{db: db, runner: r}
+	if opts != nil {
+		e.opts = *opts
+	}
+	switch {
+	case e.opts.MaxAttempts < 0:
+		return nil, invalid("TxExecutorOptions.MaxAttempts must not be negative, got %d", e.opts.MaxAttempts)
+	case e.opts.MaxAttempts == 0:
+		e.opts.MaxAttempts = DefaultTxAttempts
+	}
+	return e, nil
+}
+
+type txKey struct{}
+
+// TxFromContext returns the transaction a [TxExecutor] runs fn in, from
+// fn's context (for an HTTP handler, the request's context).
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+// Execute runs fn at most once for req in a transaction of its own, as
+// [TxExecutor] describes.
+func (e *TxExecutor) Execute(ctx context.Context, req idempotency.Request, fn func(ctx context.Context) ([]byte, error)) (idempotency.Result[[]byte], error) {
+	if fn == nil {
+		return idempotency.Result[[]byte]{}, fmt.Errorf("%w: postgres: nil fn", idempotency.ErrInvalidArgument)
+	}
+	backoff := 2 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		res, err := e.once(ctx, req, fn)
+		if err == nil || attempt >= e.opts.MaxAttempts || !IsRetryable(err) || ctx.Err() != nil {
+			return res, err
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(backoff) + 1)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+// once runs one transaction.
+func (e *TxExecutor) once(ctx context.Context, req idempotency.Request, fn func(ctx context.Context) ([]byte, error)) (res idempotency.Result[[]byte], err error) {
+	timeout := e.runner.StoreTimeout()
+	bctx, cancel := context.WithTimeout(ctx, timeout)
+	tx, err := e.db.BeginTx(bctx, e.opts.TxOptions)
+	cancel()
+	if err != nil {
+		return res, &idempotency.StoreError{Op: "begin", Err: wrapErr(bctx, "begin", err)}
+	}
+	committed := false
+	defer func() {
+		// Also when fn panicked: the panic goes on after the rollback.
+		if !committed {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+	res, recorded, err := doTx(context.WithValue(ctx, txKey{}, tx), e.runner, tx, req,
+		func(ctx context.Context, _ pgx.Tx) ([]byte, error) { return fn(ctx) })
+	if !recorded {
+		// Nothing to commit: a replay, a conflict, or fn's transient error
+		// (its writes are undone). A store error after fn ran is rolled
+		// back with fn's writes.
+		var se *idempotency.StoreError
+		if errors.As(err, &se) && se.Ran {
+			return res, &idempotency.StoreError{Op: se.Op, Err: se.Err}
+		}
+		return res, err
+	}
+	// The commit must happen even if the caller has gone: fn's effects and
+	// its result are in the transaction.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	cerr := tx.Commit(cctx)
+	cancel()
+	committed = true
+	if cerr != nil {
+		cerr = wrapErr(cctx, "commit", cerr)
+		key, _ := e.runner.StorageKey(req)
+		e.runner.Observe(ctx, idempotency.Event{Kind: idempotency.EventStoreError, Key: key, Scope: req.Scope, Fence: res.Fence, Attempt: res.Attempt, Err: cerr})
+		return idempotency.Result[[]byte]{}, &idempotency.StoreError{Op: "commit", Err: cerr}
+	}
+	return res, err
+}
