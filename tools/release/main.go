@@ -1,0 +1,163 @@
+// Command release checks, prepares, verifies and tags a release of this
+// repository's published modules: the root module and every store/*
+// adapter, all tagged together at one version. RELEASING.md gives the
+// procedure; run it from anywhere in the repository:
+//
+//	go run ./tools/release check [vX.Y.Z]
+//	go run ./tools/release prepare vX.Y.Z
+//	go run ./tools/release verify [-rev REV] vX.Y.Z
+//	go run ./tools/release tag vX.Y.Z
+//	go run ./tools/release proxy -o DIR [-rev REV] vX.Y.Z
+//
+// check reports what would stop a release: a replace directive or a
+// missing requirement version in a published go.mod, modules that require
+// each other at different versions, a go.mod missing from go.work, no
+// LICENSE. prepare rewrites every requirement on our modules to vX.Y.Z and
+// writes the root's go.sum lines into the adapters. verify serves the
+// published modules at REV (default HEAD) from a temporary file-based
+// module proxy and, in a consumer module outside the repository, go-gets
+// them all and builds and runs a program that uses them. tag creates the
+// tags after checking that HEAD is prepared. proxy only writes the proxy.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+const usage = `usage: go run ./tools/release COMMAND [ARGS]
+
+  check [vX.Y.Z]                  report what would stop a release (at vX.Y.Z)
+  prepare vX.Y.Z                  require vX.Y.Z everywhere; write the root's go.sum lines
+  verify [-rev REV] vX.Y.Z        build a consumer from a temporary proxy of REV (HEAD)
+  tag vX.Y.Z                      check that HEAD is prepared; create the tags
+  proxy -o DIR [-rev REV] vX.Y.Z  write a file-based module proxy of REV (the tags) to DIR
+`
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "release:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return errors.New("no command")
+	}
+	cmd, args := args[0], args[1:]
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, usage) }
+	rev := fs.String("rev", "", "revision to take the modules from")
+	out := fs.String("o", "", "directory to write the proxy to")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	version := fs.Arg(0)
+	if fs.NArg() > 1 || (version == "" && cmd != "check") {
+		fs.Usage()
+		return errors.New("want one version argument")
+	}
+	if version != "" {
+		if err := checkVersion(version); err != nil {
+			return err
+		}
+	}
+	root, err := git(".", "rev-parse", "--show-toplevel")
+	if err != nil {
+		return err
+	}
+	root = strings.TrimSpace(root)
+
+	switch cmd {
+	case "check":
+		mods, required, err := loadChecked(root)
+		if err != nil {
+			return err
+		}
+		if version != "" && required != "" && required != version {
+			return fmt.Errorf("the go.mod files require %s, not %s", required, version)
+		}
+		for _, m := range mods {
+			state := "unpublished"
+			if m.Published {
+				state = "published as " + tagName(m.Dir, "vX.Y.Z")
+			}
+			fmt.Printf("%-20s %s\n", m.Dir, state)
+		}
+		fmt.Printf("ok: modules require each other at %s\n", required)
+	case "prepare":
+		changed, err := prepare(root, version)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("changed: %s\nnext: run the tests, commit, then: go run ./tools/release verify %s\n", strings.Join(changed, " "), version)
+	case "verify":
+		if *rev == "" {
+			*rev = "HEAD"
+		}
+		return verify(root, version, *rev)
+	case "tag":
+		tags, err := tag(root, version)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("tagged HEAD: %s\nnext: git push origin %s\n", strings.Join(tags, " "), strings.Join(tags, " "))
+	case "proxy":
+		if *out == "" {
+			return errors.New("proxy needs -o DIR")
+		}
+		mods, _, err := loadChecked(root)
+		if err != nil {
+			return err
+		}
+		if err := buildProxy(root, mods, version, *rev, *out); err != nil {
+			return err
+		}
+		abs, _ := filepath.Abs(*out)
+		fmt.Printf("GOPROXY=file://%s\n", filepath.ToSlash(abs))
+	default:
+		fs.Usage()
+		return fmt.Errorf("unknown command %q", cmd)
+	}
+	return nil
+}
+
+// verify builds a consumer of version, taken from rev, in a temporary
+// directory that it removes afterwards.
+func verify(root, version, rev string) error {
+	start := time.Now()
+	mods, required, err := loadChecked(root)
+	if err != nil {
+		return err
+	}
+	if required != "" && required != version {
+		return fmt.Errorf("the go.mod files require %s, not %s: run prepare %s and commit first", required, version, version)
+	}
+	tmp, err := os.MkdirTemp("", "release-verify-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	proxy := filepath.Join(tmp, "proxy")
+	if err := buildProxy(root, mods, version, rev, proxy); err != nil {
+		return err
+	}
+	c := &consumer{
+		Dir:      filepath.Join(tmp, "consumer"),
+		Proxy:    proxy,
+		ModCache: filepath.Join(tmp, "modcache"),
+		Logf:     func(format string, args ...any) { fmt.Printf("  "+format+"\n", args...) },
+	}
+	if err := c.check(mods, version, rootModule(mods).File.Go.Version); err != nil {
+		return err
+	}
+	fmt.Printf("ok: a consumer built and ran %s of every published module from %s (%.1fs)\n", version, rev, time.Since(start).Seconds())
+	return nil
+}
