@@ -14,12 +14,20 @@
 //
 // The middleware runs on an [idempotency.Runner], so it works on any
 // store: the in-memory one for a single process and tests, PostgreSQL or
-// Redis for a fleet. Make that runner with
-// [idempotency.WithStoreTimeout]: the middleware's store calls outlive
-// the client's connection, so without a timeout a store that stops
-// answering hangs the requests instead of failing them with 503:
+// Redis for a fleet; or on another [idempotency.Executor], such as the
+// PostgreSQL adapter's TxExecutor, which commits the key, the handler's
+// writes and its response in one transaction. Every request is scoped:
+// give [WithScope] a function of the request (tenant, authenticated
+// actor), so that one client's key never reaches another's response:
 //
-//	runner, err := idempotency.New(store, idempotency.WithStoreTimeout(2*time.Second))
+//	runner, err := idempotency.New(store)
+//	idem, err := httpidem.New(runner, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+//		account, ok := accountOf(r) // from the verified credential
+//		if !ok {
+//			return nil, httpidem.RejectScope(http.StatusUnauthorized, "log in first")
+//		}
+//		return []string{account, r.Pattern}, nil
+//	}))
 //
 // Because the middleware is a plain func(http.Handler) http.Handler, it
 // fits chi, gorilla/mux and echo (echo.WrapMiddleware) directly, and gin

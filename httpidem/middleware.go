@@ -98,13 +98,11 @@ func Stored(status int) bool {
 // [idempotency.WithRetention], default 24h; [idempotency.WithWait],
 // default none).
 //
-// Give the runner a store timeout ([idempotency.WithStoreTimeout], say a
-// second or two): because the store calls do not end when the client goes
-// away, only the runner's timeout bounds them, and without it (or a
-// timeout in the store's driver) a store that stops answering, such as a
-// black-holed network, hangs every request instead of answering 503. With
-// it, a Claim that times out on every attempt gives 503 and the handler
-// does not run.
+// Because the store calls do not end when the client goes away, the
+// runner's store timeout bounds them ([idempotency.WithStoreTimeout],
+// [idempotency.DefaultStoreTimeout] per attempt by default): a store that
+// stops answering, such as a black-holed network, gives 503 in a few
+// seconds instead of hanging every request, and the handler does not run.
 //
 // With an executor other than a Runner, a store failure whose
 // [idempotency.StoreError] has Ran false after the handler ran (a
