@@ -104,7 +104,11 @@ func (c *consumer) run(env []string, dir string, name string, args ...string) (s
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
-	c.Logf("%s %s (%.1fs)", filepath.Base(name), strings.Join(args, " "), time.Since(start).Seconds())
+	label := name
+	if name != "go" {
+		label = "./" + filepath.Base(name)
+	}
+	c.Logf("%s %s (%.1fs)", label, strings.Join(args, " "), time.Since(start).Seconds())
 	if err != nil {
 		return out.String(), fmt.Errorf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out.String())
 	}

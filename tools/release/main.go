@@ -8,6 +8,7 @@
 //	go run ./tools/release verify [-rev REV] vX.Y.Z
 //	go run ./tools/release tag vX.Y.Z
 //	go run ./tools/release proxy -o DIR [-rev REV] vX.Y.Z
+//	go run ./tools/release tidy [DIR...]
 //
 // check reports what would stop a release: a replace directive or a
 // missing requirement version in a published go.mod, modules that require
@@ -18,6 +19,9 @@
 // module proxy and, in a consumer module outside the repository, go-gets
 // them all and builds and runs a program that uses them. tag creates the
 // tags after checking that HEAD is prepared. proxy only writes the proxy.
+// tidy runs go mod tidy in published modules (all by default) against this
+// checkout: a plain go mod tidy or go get there would fetch the required
+// version of the root from the module proxy.
 package main
 
 import (
@@ -37,6 +41,7 @@ const usage = `usage: go run ./tools/release COMMAND [ARGS]
   verify [-rev REV] vX.Y.Z        build a consumer from a temporary proxy of REV (HEAD)
   tag vX.Y.Z                      check that HEAD is prepared; create the tags
   proxy -o DIR [-rev REV] vX.Y.Z  write a file-based module proxy of REV (the tags) to DIR
+  tidy [DIR...]                   go mod tidy published modules (all) against this checkout
 `
 
 func main() {
@@ -59,6 +64,14 @@ func run(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	root, err := git(".", "rev-parse", "--show-toplevel")
+	if err != nil {
+		return err
+	}
+	root = strings.TrimSpace(root)
+	if cmd == "tidy" {
+		return tidyAll(root, fs.Args())
+	}
 	version := fs.Arg(0)
 	if fs.NArg() > 1 || (version == "" && cmd != "check") {
 		fs.Usage()
@@ -69,12 +82,6 @@ func run(args []string) error {
 			return err
 		}
 	}
-	root, err := git(".", "rev-parse", "--show-toplevel")
-	if err != nil {
-		return err
-	}
-	root = strings.TrimSpace(root)
-
 	switch cmd {
 	case "check":
 		mods, required, err := loadChecked(root)
@@ -159,5 +166,28 @@ func verify(root, version, rev string) error {
 		return err
 	}
 	fmt.Printf("ok: a consumer built and ran %s of every published module from %s (%.1fs)\n", version, rev, time.Since(start).Seconds())
+	return nil
+}
+
+// tidyAll tidies the published modules in dirs, or all of them.
+func tidyAll(root string, dirs []string) error {
+	mods, err := loadModules(root)
+	if err != nil {
+		return err
+	}
+	if len(dirs) == 0 {
+		for _, m := range mods {
+			if m.Published {
+				dirs = append(dirs, m.Dir)
+			}
+		}
+	}
+	for _, d := range dirs {
+		d = filepath.ToSlash(filepath.Clean(d))
+		fmt.Println("tidy", d)
+		if err := tidy(root, mods, d); err != nil {
+			return err
+		}
+	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -8,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/mod/modfile"
+	"golang.org/x/mod/semver"
 )
 
 // loadChecked loads the workspace and fails on any problem check finds.
@@ -36,7 +37,7 @@ func rootModule(mods []*goModule) *goModule {
 
 // requiresRoot reports whether m requires the root module.
 func requiresRoot(m *goModule) bool {
-	return slices.ContainsFunc(m.File.Require, func(r *modfile.Require) bool { return r.Mod.Path == rootPath })
+	return required(m.File, rootPath) != ""
 }
 
 // prepare makes a clean checkout ready to be tagged version: every
@@ -91,13 +92,32 @@ func setSums(name, modPath string, lines []string) (bool, error) {
 			keep = append(keep, l)
 		}
 	}
-	keep = append(keep, lines...)
-	slices.Sort(keep)
+	keep = sortSums(append(keep, lines...))
 	out := strings.Join(keep, "\n") + "\n"
 	if out == string(data) {
 		return false, nil
 	}
 	return true, os.WriteFile(name, []byte(out), 0o644)
+}
+
+// sortSums sorts and de-duplicates go.sum lines in the go command's order:
+// by module path, then by semantic version, each version's go.mod line
+// after its zip line.
+func sortSums(lines []string) []string {
+	key := func(l string) (path, version, file string) {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			return l, "", ""
+		}
+		version, file, _ = strings.Cut(f[1], "/")
+		return f[0], version, file
+	}
+	slices.SortFunc(lines, func(a, b string) int {
+		pa, va, fa := key(a)
+		pb, vb, fb := key(b)
+		return cmp.Or(strings.Compare(pa, pb), semver.Compare(va, vb), strings.Compare(fa, fb), strings.Compare(a, b))
+	})
+	return slices.Compact(lines)
 }
 
 // sumsOf returns the go.sum lines of module modPath at version in a file.

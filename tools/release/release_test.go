@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -307,5 +308,49 @@ func TestCheckFindsProblems(t *testing.T) {
 				t.Errorf("problems %q do not mention %q", all, tc.problem)
 			}
 		})
+	}
+}
+
+// tidy works in a published module before its root version is tagged, and
+// leaves no replace behind, while a plain go mod tidy cannot resolve the
+// root at all.
+func TestTidyAgainstCheckout(t *testing.T) {
+	isolateGit(t)
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "")
+	dir := t.TempDir()
+	kvMod := "module " + rootPath + "/store/kv\n\ngo 1.26.0\n\nrequire " + rootPath + " v0.3.0\n"
+	kvSum := rootPath + " v0.3.0 h1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n" +
+		rootPath + " v0.3.0/go.mod h1:BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB=\n"
+	newRepo(t, dir, map[string]string{
+		"LICENSE":         "MIT\n",
+		"go.work":         "go 1.26.0\n\nuse (\n\t.\n\t./store/kv\n)\n",
+		"go.mod":          "module " + rootPath + "\n\ngo 1.26.0\n",
+		"root.go":         "package idempotency\n\nconst X = 1\n",
+		"store/kv/go.mod": kvMod,
+		"store/kv/go.sum": kvSum,
+		"store/kv/kv.go":  "package kv\n\nimport \"" + rootPath + "\"\n\nvar Y = idempotency.X\n",
+	})
+	plain := exec.Command("go", "mod", "tidy")
+	plain.Dir = filepath.Join(dir, "store", "kv")
+	plain.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := plain.CombinedOutput(); err == nil {
+		t.Fatalf("plain go mod tidy resolved an untagged root:\n%s", out)
+	}
+	mods, err := loadModules(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tidy(dir, mods, "store/kv"); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"store/kv/go.mod": kvMod, "store/kv/go.sum": kvSum} {
+		got, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(name)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("%s after tidy:\n%s\nwant:\n%s", name, got, want)
+		}
 	}
 }
