@@ -10,20 +10,21 @@ import (
 )
 
 // A payment handler charges once, however often the client retries.
+// README.md shows this as a complete program.
 func Example() {
-	r, err := idempotency.New(memory.New(nil))
+	r, err := idempotency.New(memory.New(nil)) // or postgres.New, redis.New
 	if err != nil {
 		panic(err)
 	}
 	ctx := context.Background()
 	body := []byte(`{"amount": 1000, "currency": "EUR"}`)
-	fp, err := idempotency.FingerprintJSON(body)
+	fp, err := idempotency.FingerprintJSON(body) // RFC 8785: key order, 1.0 vs 1 don't matter
 	if err != nil {
 		panic(err) // broken JSON: answer 400
 	}
 	req := idempotency.Request{
-		Scope:       []string{"acct_42", "POST /payments"},
-		Key:         "9f2c4e1a-order-7",
+		Scope:       []string{"acct_42", "POST /payments"}, // tenant, route: never shared
+		Key:         "9f2c4e1a-order-7",                    // the client's Idempotency-Key
 		Fingerprint: fp,
 	}
 	charge := func(ctx context.Context) (string, error) {
