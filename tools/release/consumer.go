@@ -85,7 +85,7 @@ func (c *consumer) env() ([]string, error) {
 		"GOFLAGS=-modcacherw", // so that the throw-away cache can be deleted
 		"GOPROXY="+strings.Join(proxies, ","),
 		"GOSUMDB=off", // test versions are in no checksum database
-		"GONOSUMDB=", "GONOSUMCHECK=", "GOPRIVATE=", "GONOPROXY=", "GOINSECURE=",
+		"GONOSUMDB=", "GOPRIVATE=", "GONOPROXY=", "GOINSECURE=",
 		"GOMODCACHE="+c.ModCache,
 		"GOTOOLCHAIN=local",
 	), nil
