@@ -210,3 +210,56 @@ func report(b *testing.B, doTime, rawTime time.Duration, roundTrips int64) {
 	b.ReportMetric(float64(rawTime)/float64(doTime), "throughput-ratio")
 	b.ReportMetric(float64(roundTrips)/n, "round-trips/op")
 }
+
+// BenchmarkCallDeadline measures what making a context's deadline hold
+// costs a store call on a client that ignores deadlines in socket I/O
+// (go-redis's default, ContextTimeoutEnabled false), against the same call
+// on a client that honours them, on the same server in the same run,
+// alternating which goes first: a replayed Claim (one round trip) under a
+// deadline of 2s, like the attempts of idempotency.Do with a store
+// timeout. Metrics: ns/op is the default client's call; honouring-ns/op
+// the honouring client's; overhead-ns/op the difference.
+func BenchmarkCallDeadline(b *testing.B) {
+	addr := singleAddr(b)
+	def := goredis.NewClient(&goredis.Options{Addr: addr})
+	hon := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = def.Close(); _ = hon.Close() })
+	prefix := uniquePrefix()
+	sd := newStore(b, def, &idemredis.Options{Prefix: prefix})
+	sh := newStore(b, hon, &idemredis.Options{Prefix: prefix})
+	ctx := context.Background()
+	req := idempotency.ClaimRequest{Key: "replayed", Fingerprint: fingerprint, Token: "0123456789abcdef0123456789abcdef", Lease: 30 * time.Second}
+	if _, err := sd.Claim(ctx, req); err != nil {
+		b.Fatal(err)
+	}
+	if err := sd.Complete(ctx, req.Key, req.Token, []byte("v"+`"`+result200+`"`), 10*time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	claim := func(s *idemredis.Store) time.Duration {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		t0 := time.Now()
+		res, err := s.Claim(cctx, req)
+		d := time.Since(t0)
+		if err != nil || res.Outcome != idempotency.OutcomeReplay {
+			b.Fatalf("claim of a completed key: %v, %v", res.Outcome, err)
+		}
+		return d
+	}
+	var defTime, honTime time.Duration
+	i := 0
+	for b.Loop() {
+		if i%2 == 0 {
+			defTime += claim(sd)
+			honTime += claim(sh)
+		} else {
+			honTime += claim(sh)
+			defTime += claim(sd)
+		}
+		i++
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(defTime.Nanoseconds())/n, "ns/op")
+	b.ReportMetric(float64(honTime.Nanoseconds())/n, "honouring-ns/op")
+	b.ReportMetric(float64((defTime-honTime).Nanoseconds())/n, "overhead-ns/op")
+}

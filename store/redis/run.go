@@ -40,20 +40,34 @@ func (s *Store) node(ctx context.Context, key string) (pipeliner, error) {
 	return nil, fmt.Errorf("redis store: cannot WAIT with a %T", s.client)
 }
 
-// run runs sc on key. Scripts go through EVALSHA, and through EVAL after a
+// run runs sc on key, through [do], so that it ends when ctx does or when
+// a dial for it fails. Scripts go through EVALSHA, and through EVAL after a
 // NOSCRIPT reply (a server restarted or flushed its script cache): both
 // are safe to repeat, as every operation is. When write is set and
 // replicas are required, the script and a WAIT are pipelined on one
 // connection to the key's node, and the WAIT's reply is returned.
 func (s *Store) run(ctx context.Context, sc *goredis.Script, key string, write bool, args ...any) (any, *goredis.IntCmd, error) {
+	r, err := do(s, ctx, key, func(ctx context.Context) (ran, error) {
+		return s.runNow(ctx, sc, key, write, args)
+	})
+	return r.v, r.wait, err
+}
+
+// ran is what runNow returns.
+type ran struct {
+	v    any
+	wait *goredis.IntCmd
+}
+
+func (s *Store) runNow(ctx context.Context, sc *goredis.Script, key string, write bool, args []any) (ran, error) {
 	keys := []string{key}
 	if !write || s.replicas == 0 {
 		v, err := sc.Run(ctx, s.client, keys, args...).Result()
-		return v, nil, err
+		return ran{v: v}, err
 	}
 	node, err := s.node(ctx, key)
 	if err != nil {
-		return nil, nil, err
+		return ran{}, err
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := node.Pipeline()
@@ -70,7 +84,7 @@ func (s *Store) run(ctx context.Context, sc *goredis.Script, key string, write b
 			continue
 		}
 		v, err := cmd.Result()
-		return v, wait, err
+		return ran{v: v, wait: wait}, err
 	}
 }
 

@@ -42,7 +42,9 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 	if _, err := ps.ReceiveTimeout(ctx, subscribeTimeout); err != nil {
 		return s.wrap("watch", err)
 	}
-	state, err := stateScript.Run(ctx, s.client, []string{k}).Text()
+	state, err := do(s, ctx, k, func(ctx context.Context) (string, error) {
+		return stateScript.Run(ctx, s.client, []string{k}).Text()
+	})
 	if err != nil {
 		return s.wrap("watch", err)
 	}
