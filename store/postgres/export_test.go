@@ -12,3 +12,11 @@ func SetListenIdle(s *Store, d time.Duration) {
 
 // ChannelName is the notification channel of s's table.
 func ChannelName(s *Store) string { return channelName(s.opts) }
+
+// SetMigrateTimeout sets the bound of Migrate under a context without a
+// deadline, and returns a function that restores it.
+func SetMigrateTimeout(d time.Duration) (restore func()) {
+	old := migrateTimeout
+	migrateTimeout = d
+	return func() { migrateTimeout = old }
+}

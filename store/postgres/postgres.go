@@ -247,35 +247,71 @@ func renderSchema(n objectNames) string {
 // the statements run in one implicit transaction that first takes an
 // advisory lock keyed by the table's name. Given a pgx.Tx, it runs inside
 // it and holds the lock until the caller commits.
+//
+// When ctx has no deadline, Migrate gives up after [DefaultMigrateTimeout],
+// so that a database that accepts connections but never answers fails a
+// deployment step instead of hanging it; pass a context with a deadline of
+// its own to wait longer or shorter.
 func (s *Store) Migrate(ctx context.Context) error {
+	bounded := false
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, migrateTimeout)
+		defer cancel()
+		bounded = true
+	}
 	n := names(s.opts)
 	sql := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, hashtext('%s'));\n", migrateLockClass, n.Lock) + renderSchema(n)
 	// Without arguments pgx sends this as one simple-protocol query, which
 	// PostgreSQL runs as a single (implicit) transaction.
 	if _, err := s.db.Exec(ctx, sql); err != nil {
+		if bounded && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%w (no answer within %v, the bound of a context without a deadline: give Migrate a context with a deadline to wait longer)", wrapErr(ctx, "migrate", err), migrateTimeout)
+		}
 		return wrapErr(ctx, "migrate", err)
 	}
 	return nil
 }
 
+// DefaultMigrateTimeout bounds [Store.Migrate] when its context has no
+// deadline. A minute is far more than the statements take, even when
+// instances that start together wait for each other's migration, and
+// short enough that a database that does not answer fails the deployment.
+const DefaultMigrateTimeout = time.Minute
+
+// migrateTimeout is DefaultMigrateTimeout, shortened by tests.
+var migrateTimeout = DefaultMigrateTimeout
+
 // migrateLockClass is the first key of the migration's advisory lock; the
 // second is a hash of the table's name.
 const migrateLockClass = 0x1de7
 
+// ErrNotMigrated matches errors of store statements that did not find the
+// store's table, fence sequence or schema (SQLSTATE 42P01 undefined_table,
+// 3F000 invalid_schema_name): run [Store.Migrate], or the SQL of [Schema],
+// before using the store, with the same Options. The error still wraps the
+// *pgconn.PgError.
+var ErrNotMigrated = errors.New("postgres: the store's table, sequence or schema does not exist")
+
 // storeError wraps a database error from op. It matches ErrRetryable for
-// serialization failures and deadlocks, and keeps the native error (and a
-// context error, when ctx is done) reachable with errors.Is and errors.As.
+// serialization failures and deadlocks, ErrNotMigrated for a missing table,
+// sequence or schema, and keeps the native error (and a context error, when
+// ctx is done) reachable with errors.Is and errors.As.
 type storeError struct {
-	op        string
-	err       error
-	retryable bool
-	ctxErr    error
+	op          string
+	err         error
+	retryable   bool
+	notMigrated bool
+	ctxErr      error
 }
 
 func (e *storeError) Error() string {
 	s := "postgres: " + e.op + ": " + e.err.Error()
 	if e.retryable {
 		s += " (retryable: run the transaction again)"
+	}
+	if e.notMigrated {
+		s += " (the store's table, fence sequence or schema is missing: run Store.Migrate, or apply the SQL of postgres.Schema, with the store's Options first)"
 	}
 	return s
 }
@@ -287,13 +323,19 @@ func (e *storeError) Unwrap() []error {
 	return []error{e.err}
 }
 
-func (e *storeError) Is(target error) bool { return target == ErrRetryable && e.retryable }
+func (e *storeError) Is(target error) bool {
+	return target == ErrRetryable && e.retryable || target == ErrNotMigrated && e.notMigrated
+}
 
 func wrapErr(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	e := &storeError{op: op, err: err, retryable: isRetryableCode(err)}
+	var pe *pgconn.PgError
+	if op != "migrate" && errors.As(err, &pe) {
+		e.notMigrated = pe.Code == "42P01" || pe.Code == "3F000"
+	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		e.ctxErr = cerr
 	}
