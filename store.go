@@ -34,13 +34,25 @@ import (
 //  7. A canceled context changes nothing that was not already committed,
 //     and the context's error is returned (wrapped or not, so that
 //     errors.Is finds it).
+//  8. Values are copied both ways. The store keeps no reference to a slice
+//     it is given (a result, a checkpoint value): the caller may change or
+//     reuse it once the call returns. The Result and Checkpoints of a
+//     ClaimResult, the map and every value in it, belong to the caller.
 //
 // Fences strictly increase for a storage key across takeovers and across
 // deletion and re-creation of its record, so a fence seen by an old holder
 // is always smaller than any fence handed out after it.
 //
+// The end of a lease does not take the record from its holder; only a
+// takeover or the record's expiry does. Until then the holder's Claim is a
+// repeat (same fence), and its Renew, Checkpoint, Complete and Release
+// succeed, as they would before the lease ended.
+//
 // Native errors (a driver's, a network's) are wrapped with %w so callers can
-// reach them with errors.As.
+// reach them with errors.As. The suite checks rules 3 and 5 only in part,
+// with an injectable clock and contexts that end during calls: a server's
+// clock, a connection cut after a write and the wrapping of native errors
+// are for an adapter's own tests.
 type Store interface {
 	// Claim atomically decides what a request for r.Key may do, following
 	// this table (the fingerprint is compared byte for byte):
@@ -55,48 +67,60 @@ type Store interface {
 	//	                                      the checkpoints handed over
 	//
 	// A STARTED record already held under r.Token (a repeated Claim whose
-	// reply was lost) returns OutcomeAcquired with the same fence and its
-	// checkpoints, and its lease is set to r.Lease from now.
+	// reply was lost) returns OutcomeAcquired with the same fence, attempt
+	// and checkpoints, whether or not its lease has ended. A Claim under the
+	// token of an expired record finds no record and acquires afresh.
 	//
 	// An acquired record's lease ends r.Lease after the store's now; the
 	// record itself is kept for r.Grace past the end of its lease (so that a
-	// takeover finds its checkpoints) and then expires.
+	// takeover finds its checkpoints) and then expires. A repeated Claim
+	// sets both anew, as a takeover does: r.Lease from now, then r.Grace,
+	// whatever the earlier Claim asked for.
 	Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error)
 
-	// Renew extends the lease of the STARTED record held under token to
-	// lease from the store's now, and its retention to lease plus the grace
-	// given at claim. It returns ErrLeaseLost when the record is absent,
-	// expired, COMPLETED, or held under another token. A lease that has
-	// expired but was not taken over may be renewed.
+	// Renew sets the lease of the STARTED record held under token to end
+	// lease after the store's now, sooner or later than before, and its
+	// retention to lease plus the grace of the Claim that last acquired it.
+	// It returns ErrLeaseLost when the record is absent, expired, COMPLETED,
+	// or held under another token. A lease that ended but was not taken over
+	// is renewed like a live one.
 	Renew(ctx context.Context, key string, token Token, lease time.Duration) error
 
 	// Checkpoint stores value under name in the STARTED record held under
-	// token, replacing any earlier value of that name. It returns
-	// ErrLeaseLost as Renew does, and ErrTooLarge when the store cannot keep
-	// the value. It does not change the lease.
+	// token, replacing any earlier value of that name and keeping the other
+	// names. It returns ErrLeaseLost as Renew does, and ErrTooLarge when the
+	// store cannot keep the value. It does not change the lease.
 	Checkpoint(ctx context.Context, key string, token Token, name string, value []byte) error
 
 	// Complete moves the STARTED record held under token to COMPLETED with
-	// result, drops its checkpoints, and keeps it for retention from the
-	// store's now. Completing again a record already COMPLETED under the
-	// same token succeeds and changes nothing. It returns ErrLeaseLost when
-	// the record is absent, expired or held under another token, and
-	// ErrTooLarge, having written nothing, when result is larger than the
-	// store can keep.
+	// result, drops its checkpoints (no later Claim returns them, not even
+	// after the record expires), and keeps it for retention from the store's
+	// now. Completing again a record already COMPLETED under the same token
+	// succeeds and changes nothing, neither the result nor the retention. It
+	// returns ErrLeaseLost when the record is absent, expired or held under
+	// another token, and ErrTooLarge, having written nothing, when result is
+	// larger than the store can keep.
 	Complete(ctx context.Context, key string, token Token, result []byte, retention time.Duration) error
 
 	// Release deletes the STARTED record held under token, so that the next
 	// Claim acquires it afresh (with a greater fence). Releasing an absent
-	// or expired record succeeds. It returns ErrLeaseLost when the record is
-	// held under another token or is COMPLETED.
+	// or expired record succeeds, whoever held it and in whatever state. It
+	// returns ErrLeaseLost when the record is held under another token or is
+	// COMPLETED.
 	Release(ctx context.Context, key string, token Token) error
 }
 
 // Sweeper is implemented by stores whose expired records are not removed by
-// the backend itself (or not promptly). Sweep deletes up to limit expired
-// records (limit <= 0 means no limit) and reports how many it deleted. It
-// never deletes a live record, and it is safe to run from several processes
-// at once. Correctness never depends on sweeping: it only bounds storage.
+// the backend itself (or not promptly). Sweep deletes expired records, at
+// most limit of them (limit <= 0 means no limit), and reports how many it
+// deleted. It may delete fewer, working in batches or skipping records that
+// concurrent calls hold, but it makes progress: a call that finds expired
+// records nobody holds deletes at least one, so calling it until it returns
+// 0 deletes every record that expired before the first call. It never
+// deletes a live record: a STARTED one within its lease plus grace, even
+// after a Renew or a repeated Claim moved that deadline, or a COMPLETED one
+// within its retention. It is safe to run from several processes at once.
+// Correctness never depends on sweeping: it only bounds storage.
 type Sweeper interface {
 	Sweep(ctx context.Context, limit int) (int, error)
 }
@@ -104,10 +128,11 @@ type Sweeper interface {
 // Watcher is implemented by stores that can push a change of a record
 // (completion, release, deletion) instead of being polled. Watch blocks
 // until the record under key may have changed since the call began, or
-// until ctx is done, in which case it returns the context's error. A
-// spurious wake-up is allowed; a missed one is not, but callers also poll
-// at the lease's retry-after hint, so a store that cannot see every change
-// still makes progress.
+// until ctx is done, in which case it returns the context's error. It must
+// not miss a Complete or Release of the record made after it began; other
+// changes (a takeover, the end of a lease, expiry, a sweep) it may miss,
+// since callers also poll at the lease's retry-after hint. A spurious
+// wake-up is allowed.
 type Watcher interface {
 	Watch(ctx context.Context, key string) error
 }
@@ -150,7 +175,7 @@ type ClaimResult struct {
 	// Result is the stored result, for OutcomeReplay.
 	Result []byte
 	// Checkpoints are the recovery points of the record, for
-	// OutcomeAcquired by takeover or by a repeated claim. Nil otherwise.
+	// OutcomeAcquired by takeover or by a repeated claim. Empty otherwise.
 	Checkpoints map[string][]byte
 }
 
