@@ -17,16 +17,25 @@
 // 200ms; the longest takes about six units (1.2s for a millisecond store,
 // 6s for a one-second one), and they run at the same time. Cases that start
 // thousands of concurrent claims run alone first, so that they do not eat
-// into the timing margins of the others.
+// into the timing margins of the others; one of them waits once for the
+// shortest lease the store honours to end.
 //
 // The cases are kept in one table, each with a one-line statement of the
-// rule it checks, which a failing case prints. Every case builds its keys
-// under a random prefix, so stores that share one database (one server for
-// the whole test binary) need no cleaning between cases. Two cases assume
-// a little of the backend: the Sweep case expects the expired records it
-// made to be deleted by Sweep, not by the backend's own TTL in the same
-// instant, and the Watch case gives Watch 100ms to subscribe before it
-// changes the record.
+// rule it checks, which a failing case prints. Every sentence of the
+// contract in the idempotency package's store.go is mapped to the cases
+// that check it by a table in this package's tests, which fail when a
+// sentence has no case. Every case builds its keys under a random prefix,
+// so stores that share one database (one server for the whole test binary)
+// need no cleaning between cases. Two cases assume a little of the
+// backend: the Sweep case expects the expired records it made to be deleted
+// by Sweep, not by the backend's own TTL in the same instant, and the Watch
+// case gives Watch 100ms to subscribe before it changes the record.
+//
+// Some of the contract cannot be seen through the Store interface: whether
+// deadlines are judged by a server's clock rather than the client's, and
+// how a store reports a connection cut after a write. The suite checks
+// what it can (an injectable clock, contexts that end during calls); an
+// adapter's own tests must do the rest.
 //
 // The package imports only the standard library and the idempotency
 // package, so adopting it costs one import.
@@ -102,40 +111,58 @@ var cases = []testCase{
 		rule: "a claim on an absent key acquires it with fence >= 1, attempt 1, no result and no checkpoints"},
 	{name: "replay_exact_bytes", together: true, run: testReplayExactBytes,
 		rule: "a completed record replays its result byte for byte (empty, binary, largest) and shares no memory with the caller"},
+	{name: "checkpoints_copied", together: true, run: testCheckpointsCopied,
+		rule: "checkpoint values handed to the store and the checkpoint maps it returns share no memory with the caller"},
 	{name: "too_large", together: true, run: testTooLarge, needs: needsMaxValueSize,
 		rule: "a result above the store's limit gives ErrTooLarge and writes nothing: the record stays STARTED for its holder"},
 	{name: "mismatch", together: true, run: testMismatch,
-		rule: "a different fingerprint gets Mismatch while started, after the lease ends and when completed; never a replay or a takeover"},
+		rule: "a fingerprint that differs in any byte gets Mismatch while started, after the lease ends and when completed; never a replay or a takeover"},
 	{name: "in_progress_retry_after", together: true, run: testInProgress,
-		rule: "a live lease held by another token gives InProgress with 0 < RetryAfter <= the time left on the lease, disturbing nothing"},
+		rule: "a live lease held by another token gives InProgress with RetryAfter the time left on the lease, no more and no less, disturbing nothing"},
 	{name: "one_key_64_goroutines", run: testOneKeyConcurrent,
 		rule: "one atomic operation decides a claim: 64 concurrent claims of one key give exactly one Acquired, the rest InProgress"},
 	{name: "many_keys_8_goroutines", run: testManyKeysConcurrent,
 		rule: "one atomic operation decides a claim: 1,000 keys with 8 concurrent claims each give exactly one Acquired per key"},
+	{name: "many_keys_takeover_8_goroutines", run: testManyKeysTakeover,
+		rule: "one atomic operation decides a takeover: up to 16 rounds of 64 expired leases, 8 concurrent claims each, take each over once"},
 	{name: "concurrent_takeover", together: true, run: testConcurrentTakeover,
 		rule: "a takeover is atomic too: 32 concurrent claims of an expired lease give exactly one takeover"},
 	{name: "takeover_after_lease_expiry", together: true, run: testTakeover,
 		rule: "after the lease ends a claim takes over: new token, strictly greater fence, attempt+1, checkpoints handed over"},
 	{name: "stale_holder_changes_nothing", together: true, run: testStaleHolder,
-		rule: "after a takeover the old holder's Renew, Checkpoint, Complete and Release fail with ErrLeaseLost and change nothing"},
+		rule: "after a takeover the old holder's Renew, Checkpoint, Complete and Release fail with ErrLeaseLost and change nothing; tokens compare exactly"},
+	{name: "late_holder_keeps_record", together: true, run: testLateHolder,
+		rule: "a holder whose lease ended without a takeover still holds the record: its repeated claim keeps the fence, its writes succeed"},
 	{name: "renew_extends", together: true, run: testRenew,
-		rule: "Renew extends the lease from now: past the original lease the record is still in progress for others"},
+		rule: "Renew sets the lease to end its length after now, not after the old deadline: later or sooner than before"},
+	{name: "renew_keeps_grace", together: true, run: testRenewKeepsGrace,
+		rule: "a renewed lease that runs out still keeps the record for its grace, with its checkpoints, for a takeover; then it expires"},
+	{name: "repeated_claim_sets_grace", together: true, run: testRepeatedClaimGrace,
+		rule: "a repeated claim sets lease and grace from its own request: the record expires its new lease plus its new grace after now"},
+	{name: "checkpoint_replaces", together: true, run: testCheckpointReplaces,
+		rule: "Checkpoint replaces the value of its name, keeps the other names, and leaves the lease where it was"},
 	{name: "release_then_reclaim", together: true, run: testRelease,
 		rule: "Release deletes the holder's record; the next claim acquires afresh with a strictly greater fence; releasing again succeeds"},
 	{name: "repeated_operations", together: true, run: testRepeated,
 		rule: "repeating Claim, Complete or Release with the same token is safe: same fence, success, no change"},
 	{name: "completed_expires_after_retention", together: true, run: testCompletedExpires,
-		rule: "a completed record replays until its retention ends, then is absent: claimable afresh with a greater fence"},
+		rule: "a completed record replays until its retention, counted from Complete and not extended by a repeat, ends; then it is absent"},
+	{name: "complete_drops_checkpoints", together: true, run: testCompleteDropsCheckpoints,
+		rule: "Complete drops the checkpoints: no replay returns them, nor any claim after the record expires"},
 	{name: "abandoned_started_expires", together: true, run: testAbandonedExpires,
 		rule: "an abandoned STARTED record keeps its checkpoints for takeover until lease plus grace, then expires"},
+	{name: "expired_is_absent", together: true, run: testExpiredIsAbsent,
+		rule: "an expired record is absent for every operation: writes get ErrLeaseLost, Release succeeds, any claim acquires afresh"},
 	{name: "sweep_removes_only_expired", together: true, run: testSweep, needs: needsSweeper,
-		rule: "Sweep deletes expired records, up to its limit, and never a live one"},
+		rule: "Sweep deletes expired records, at most its limit and at least one a call, also concurrently, and never a live one"},
 	{name: "odd_keys", together: true, run: testOddKeys,
 		rule: "keys are opaque: unicode, braces, slashes, colons, spaces, case, 1024 bytes and mutual prefixes are all distinct keys"},
 	{name: "scope_isolation", together: true, run: testScopeIsolation,
 		rule: "storage keys built by StorageKey for different scopes and the same client key never see each other's records"},
 	{name: "canceled_context", together: true, run: testCanceledContext,
 		rule: "a canceled context returns the context's error and changes nothing"},
+	{name: "deadline_during_operation", together: true, run: testDeadlineDuringOperation,
+		rule: "an operation whose context ends while it runs returns its true outcome or an error, never a refusal of what it may have done"},
 	{name: "watch_wakes", together: true, run: testWatch, needs: needsWatcher,
 		rule: "Watch returns after the record completes or is released, and with the context's error when its context ends"},
 }
