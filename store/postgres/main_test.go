@@ -23,6 +23,14 @@ import (
 const urlHelp = "IDEM_POSTGRES_URL is not set: run scripts/test.sh (it starts a throwaway PostgreSQL), " +
 	"or set IDEM_POSTGRES_URL=postgres://user@host:port/db to a server where this user may create schemas"
 
+// testPoolSize is the size of each query mode's shared pool. The three
+// pools stay open for the whole run, and the conformance suites run the
+// modes side by side, so together with the tests' own pools and LISTEN
+// connections the package's tests stay under 50 connections: they fit, with
+// room, in a server with PostgreSQL's stock max_connections of 100 (of which
+// superuser_reserved_connections keeps 3 for superusers).
+const testPoolSize = 10
+
 var (
 	setupOnce  sync.Once
 	setupErr   error
@@ -70,7 +78,7 @@ func testPool(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
 	url := testURL(t)
 	setupOnce.Do(func() {
-		p, err := openPool(url, pgx.QueryExecModeCacheStatement, 40)
+		p, err := openPool(url, pgx.QueryExecModeCacheStatement, testPoolSize)
 		if err != nil {
 			setupErr = err
 			return
@@ -90,7 +98,7 @@ func testPool(t testing.TB, mode pgx.QueryExecMode) *pgxpool.Pool {
 	p := pools[mode]
 	if p == nil {
 		var err error
-		if p, err = openPool(url, mode, 40); err != nil {
+		if p, err = openPool(url, mode, testPoolSize); err != nil {
 			t.Fatalf("cannot use the PostgreSQL at IDEM_POSTGRES_URL (%v); run scripts/test.sh or point IDEM_POSTGRES_URL at a reachable server", err)
 		}
 		pools[mode] = p

@@ -33,6 +33,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -124,10 +125,15 @@ func openPostgres(ctx context.Context, url, table string) (*backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("paydemo: -postgres: %w", err)
 	}
-	// Up to ~75 requests are in flight at once; the default pool (4
-	// connections on this machine's cores) would queue the heartbeats
-	// behind them.
-	pcfg.MaxConns = max(pcfg.MaxConns, 16)
+	// Up to ~75 requests are in flight at once. The default pool (one
+	// connection per core, at least 4) would queue the heartbeats behind
+	// them on a small machine, and open up to 75 connections on a large
+	// one; 16 keep up, and leave room on a server with PostgreSQL's stock
+	// max_connections (100) for the other tests running beside the demo.
+	// A pool_max_conns in the URL still decides.
+	if !strings.Contains(url, "pool_max_conns") {
+		pcfg.MaxConns = 16
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("paydemo: -postgres: %w", err)
