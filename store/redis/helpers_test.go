@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +67,42 @@ func newCluster(tb testing.TB) *goredis.ClusterClient {
 		tb.Fatalf("redis cluster at %v unreachable (%v): %s", clusterAddrs(tb), err, howTo)
 	}
 	return c
+}
+
+// onlineReplicas returns the addresses of the replicas connected to the
+// single server and online (INFO replication), the ones WAIT can count.
+// The servers scripts/servers/redis.sh starts have one; a server of one's
+// own may have none, and the tests that wait for replicas then check that
+// waiting fails instead.
+func onlineReplicas(tb testing.TB, c *goredis.Client) []string {
+	tb.Helper()
+	info, err := c.Info(context.Background(), "replication").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var addrs []string
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if _, err := strconv.Atoi(strings.TrimPrefix(name, "slave")); !ok || !strings.HasPrefix(name, "slave") || err != nil {
+			continue // not a "slave<N>:ip=...,port=...,state=..." line
+		}
+		var ip, port, state string
+		for _, kv := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "ip":
+				ip = v
+			case "port":
+				port = v
+			case "state":
+				state = v
+			}
+		}
+		if state == "online" {
+			addrs = append(addrs, net.JoinHostPort(ip, port))
+		}
+	}
+	return addrs
 }
 
 // uniquePrefix keeps the records of each test apart.

@@ -188,16 +188,24 @@ func flushScripts(ctx context.Context, c idemredis.Client) error {
 // run whole request lifecycles: every operation must still succeed with
 // the right outcome (EVALSHA's NOSCRIPT falls back to EVAL, which loads
 // the script again).
+//
+// Waiting for a replica pipelines the script with WAIT, which takes a path
+// of its own after NOSCRIPT; on a server without replicas, that path is
+// checked by TestScriptFlushWithoutReplica instead.
 func TestScriptFlushMidRun(t *testing.T) {
-	for _, tc := range []struct {
+	type flushCase struct {
 		name   string
 		client idemredis.Client
 		opts   idemredis.Options
-	}{
+	}
+	cases := []flushCase{
 		{"single", newSingle(t), idemredis.Options{}},
-		{"single_wait_replica", newSingle(t), idemredis.Options{Replicas: 1}},
 		{"cluster", newCluster(t), idemredis.Options{Notify: true}},
-	} {
+	}
+	if single := newSingle(t); len(onlineReplicas(t, single)) > 0 {
+		cases = append(cases, flushCase{"single_wait_replica", single, idemredis.Options{Replicas: 1}})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			s := newStore(t, tc.client, &tc.opts)
@@ -241,6 +249,28 @@ func TestScriptFlushMidRun(t *testing.T) {
 			}
 			t.Logf("%d script flushes during 320 lifecycles", flushes.Load())
 		})
+	}
+}
+
+// TestScriptFlushWithoutReplica: after SCRIPT FLUSH, a claim that waits
+// for more replicas than the server has still runs its script (EVAL after
+// NOSCRIPT, in the pipeline with WAIT): it fails with ErrNotReplicated,
+// not NOSCRIPT, and the record is written.
+func TestScriptFlushWithoutReplica(t *testing.T) {
+	c := newSingle(t)
+	ctx := context.Background()
+	s := newStore(t, c, &idemredis.Options{Replicas: len(onlineReplicas(t, c)) + 1, ReplicaTimeout: 10 * time.Millisecond})
+	for i := range 3 {
+		if err := flushScripts(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprintf("3:f%02d", i)
+		if _, err := s.Claim(ctx, claimReq(key, "a", time.Minute)); !errors.Is(err, idemredis.ErrNotReplicated) {
+			t.Fatalf("claim after SCRIPT FLUSH: %v, want ErrNotReplicated", err)
+		}
+		if n, err := c.Exists(ctx, s.Key(key)).Result(); err != nil || n != 1 {
+			t.Fatalf("claim after SCRIPT FLUSH not written: %d, %v", n, err)
+		}
 	}
 }
 
@@ -592,88 +622,70 @@ func TestCanceledContextSendsNothing(t *testing.T) {
 
 // TestWaitForReplicas: with Replicas set, claims and completions wait on
 // the connection that wrote; a shortfall is ErrNotReplicated, after which
-// the write is in place and repeating it is safe.
+// the write is in place and repeating it is safe. With n online replicas
+// of the single server (one, from scripts/servers/redis.sh), waiting for
+// n succeeds and the replicas have the write; waiting for n+1 fails. A
+// server without replicas checks only the failing side.
 func TestWaitForReplicas(t *testing.T) {
 	c := newSingle(t)
 	ctx := context.Background()
-	n, err := c.Do(ctx, "wait", 1, 2000).Int()
-	if err != nil || n < 1 {
-		t.Fatalf("the single server has no replica (%d, %v): scripts/servers/redis.sh starts one", n, err)
-	}
+	replicas := onlineReplicas(t, c)
+	n := len(replicas)
+	t.Logf("the single server has %d online replicas: %v", n, replicas)
 	prefix := uniquePrefix()
-	// The WAIT for the one replica returns as soon as it acknowledges; the
-	// timeout (below the client's 3s ReadTimeout) only bounds a slow
-	// acknowledgement on a loaded machine.
-	one := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: 1, ReplicaTimeout: 2500 * time.Millisecond})
-	two := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: 2, ReplicaTimeout: 50 * time.Millisecond})
+	direct := newStore(t, c, &idemredis.Options{Prefix: prefix})
+	short := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: n + 1, ReplicaTimeout: 50 * time.Millisecond})
 
-	mustClaim(t, one, claimReq("3:abc", "a", time.Minute), idempotency.OutcomeAcquired)
-	if err := one.Complete(ctx, "3:abc", "a", []byte("r"), time.Minute); err != nil {
-		t.Fatalf("complete waiting for 1 replica: %v", err)
-	}
-	replica := goredis.NewClient(&goredis.Options{Addr: replicaAddr(t, c)})
-	defer replica.Close()
-	if got, err := replica.HGet(ctx, one.Key("3:abc"), "r").Result(); err != nil || got != "r" {
-		t.Fatalf("replica has %q, %v right after the completion was acknowledged", got, err)
+	if n > 0 {
+		// The WAIT for the replicas returns as soon as they acknowledge;
+		// the timeout (below the client's 5s ReadTimeout) only bounds a
+		// slow acknowledgement on a loaded machine.
+		enough := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: n, ReplicaTimeout: 2500 * time.Millisecond})
+		mustClaim(t, enough, claimReq("3:abc", "a", time.Minute), idempotency.OutcomeAcquired)
+		if err := enough.Complete(ctx, "3:abc", "a", []byte("r"), time.Minute); err != nil {
+			t.Fatalf("complete waiting for %d replicas: %v", n, err)
+		}
+		for _, addr := range replicas {
+			replica := goredis.NewClient(&goredis.Options{Addr: addr})
+			got, err := replica.HGet(ctx, enough.Key("3:abc"), "r").Result()
+			_ = replica.Close()
+			if err != nil || got != "r" {
+				t.Fatalf("replica %s has %q, %v right after the completion was acknowledged", addr, got, err)
+			}
+		}
+		direct = enough
 	}
 
-	_, err = two.Claim(ctx, claimReq("3:def", "a", time.Minute))
+	_, err := short.Claim(ctx, claimReq("3:def", "a", time.Minute))
 	if !errors.Is(err, idemredis.ErrNotReplicated) {
-		t.Fatalf("claim waiting for 2 replicas of 1: %v, want ErrNotReplicated", err)
+		t.Fatalf("claim waiting for %d replicas of %d: %v, want ErrNotReplicated", n+1, n, err)
 	}
-	again := mustClaim(t, one, claimReq("3:def", "a", time.Minute), idempotency.OutcomeAcquired)
+	again := mustClaim(t, direct, claimReq("3:def", "a", time.Minute), idempotency.OutcomeAcquired)
 	if again.Attempt != 1 {
 		t.Fatalf("repeated claim: attempt %d", again.Attempt)
 	}
-	if err := two.Complete(ctx, "3:def", "a", []byte("r"), time.Minute); !errors.Is(err, idemredis.ErrNotReplicated) {
-		t.Fatalf("complete waiting for 2 replicas of 1: %v, want ErrNotReplicated", err)
+	if err := short.Complete(ctx, "3:def", "a", []byte("r"), time.Minute); !errors.Is(err, idemredis.ErrNotReplicated) {
+		t.Fatalf("complete waiting for %d replicas of %d: %v, want ErrNotReplicated", n+1, n, err)
 	}
-	if err := one.Complete(ctx, "3:def", "a", []byte("r"), time.Minute); err != nil {
-		t.Fatalf("repeated complete waiting for 1 replica: %v", err)
+	if err := direct.Complete(ctx, "3:def", "a", []byte("r"), time.Minute); err != nil {
+		t.Fatalf("repeated complete: %v", err)
 	}
 	// Outcomes that write nothing do not judge the WAIT.
-	mustClaim(t, two, claimReq("3:def", "b", time.Minute), idempotency.OutcomeReplay)
+	mustClaim(t, short, claimReq("3:def", "b", time.Minute), idempotency.OutcomeReplay)
 
 	// In a cluster the WAIT goes to the master of the key's slot (a MOVED
-	// reply would show otherwise); these masters have no replicas.
+	// reply would show otherwise); no master has 64 replicas.
 	cl := newCluster(t)
-	cs := newStore(t, cl, &idemredis.Options{Replicas: 1, ReplicaTimeout: 20 * time.Millisecond})
+	cs := newStore(t, cl, &idemredis.Options{Replicas: 64, ReplicaTimeout: 20 * time.Millisecond})
 	for i := range 6 {
 		key := fmt.Sprintf("3:k%02d", i)
 		if _, err := cs.Claim(ctx, claimReq(key, "a", time.Minute)); !errors.Is(err, idemredis.ErrNotReplicated) {
-			t.Fatalf("cluster claim of %s waiting for a replica: %v, want ErrNotReplicated", key, err)
+			t.Fatalf("cluster claim of %s waiting for 64 replicas: %v, want ErrNotReplicated", key, err)
 		}
 		if n, err := cl.Exists(ctx, cs.Key(key)).Result(); err != nil || n != 1 {
 			t.Fatalf("cluster claim of %s not written: %d, %v", key, n, err)
 		}
 	}
-}
-
-// replicaAddr finds the single server's replica.
-func replicaAddr(t *testing.T, c *goredis.Client) string {
-	t.Helper()
-	info, err := c.Info(context.Background(), "replication").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "slave0:") {
-			continue
-		}
-		var ip, port string
-		for _, kv := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "slave0:")), ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "ip":
-				ip = v
-			case "port":
-				port = v
-			}
-		}
-		return net.JoinHostPort(ip, port)
-	}
-	t.Fatalf("no replica in INFO replication: %s", info)
-	return ""
 }
 
 // TestWatchWithoutNotify: without Notify, Watch fails at once, so callers
