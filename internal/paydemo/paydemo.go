@@ -50,10 +50,12 @@ const (
 	// in-memory store, whose calls take microseconds.
 	DefaultLease = 300 * time.Millisecond
 	// NetworkLease is the lease the demo uses on a networked store
-	// (PostgreSQL, Redis): renewals every third of it leave room for round
-	// trips and a loaded machine, and the crash is still taken over within
-	// a few seconds.
-	NetworkLease = time.Second
+	// (PostgreSQL, Redis): the store timeout is a third of it (1s), room
+	// for round trips on a loaded machine (a checkpoint or completion that
+	// times out after the charge leaves it to the takeover, and the demo's
+	// gateway, unlike a real one, does not de-duplicate by the downstream
+	// key), and the crash is still taken over within a few seconds.
+	NetworkLease = 3 * time.Second
 )
 
 // Config configures [Run]. The zero value means the defaults.

@@ -17,7 +17,7 @@
 // On PostgreSQL it migrates a table of its own (paydemo_<time>_<random>)
 // and drops it at the end; on Redis it writes under a key prefix of its
 // own (paydemo-<time>-<random>:) and deletes those keys at the end. The
-// lease is [paydemo.NetworkLease] (1s) on both, so the crashed payment is
+// lease is [paydemo.NetworkLease] (3s) on both, so the crashed payment is
 // taken over within a few seconds. Flags -seed and -v are those of
 // cmd/paydemo. The exit status is 1 if any intent was charged other than
 // once, a client saw an unexpected answer, or the store could not be
