@@ -39,6 +39,10 @@ var (
 	// be replayed. fn is not run again.
 	ErrResultNotStored = errors.New("idempotency: earlier run succeeded but its result was not stored")
 
+	// ErrNotFound: the store has no live record under the key ([Inspector],
+	// [Runner.Inspect]).
+	ErrNotFound = errors.New("idempotency: no such record")
+
 	// ErrStore: the store failed. The error is a *StoreError; see its Ran
 	// field for whether fn may have run.
 	ErrStore = errors.New("idempotency: store failed")

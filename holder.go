@@ -20,9 +20,13 @@ type holder struct {
 	scope     []string // the request's scope parts, for events
 	clientKey string
 	token     Token
-	fence     int64
-	attempt   int
-	cancel    context.CancelCauseFunc
+	// leaveOnPanic: a panic in fn leaves the record for its lease to run
+	// out instead of releasing it (the reconciler: a release would let a
+	// retry run the effect again when it may have happened).
+	leaveOnPanic bool
+	fence        int64
+	attempt      int
+	cancel       context.CancelCauseFunc
 
 	mu      sync.Mutex
 	points  map[string][]byte // recovery points: handed over, then made here

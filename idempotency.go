@@ -310,6 +310,9 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 			return
 		}
 		h.stopHeartbeat()
+		if h.leaveOnPanic {
+			return // the record's lease runs out; it is listed as stuck again
+		}
 		sctx, scancel := after()
 		defer scancel()
 		h.release(sctx, start, errors.New("fn panicked"))
@@ -317,6 +320,11 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	v, fnErr := fn(fnCtx)
 	panicked = false
 	h.stopHeartbeat()
+	if le := (*leaveError)(nil); errors.As(fnErr, &le) {
+		// Neither complete nor release: the record stays STARTED and its
+		// lease runs out (the reconciler's undecided resolver).
+		return res, fnErr
+	}
 	lost := errors.Is(context.Cause(fnCtx), ErrLeaseLost)
 
 	sctx, scancel := after()
@@ -374,7 +382,8 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 // transaction in the caller's database) but must store what [Do] replays.
 func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool, err error) {
 	if fnErr != nil {
-		if !r.cfg.permanent(fnErr) {
+		var forced *forcedPermanent
+		if errors.Is(fnErr, errRelease) || (!errors.As(fnErr, &forced) && !r.cfg.permanent(fnErr)) {
 			return nil, false, nil
 		}
 		msg, err := r.cfg.codec.Marshal(fnErr.Error())

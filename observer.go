@@ -29,6 +29,8 @@ const (
 	EventCompleted
 	// EventStoreError: a store call failed after its retries.
 	EventStoreError
+	// EventPurged: an operator deleted the record ([Runner.Purge]).
+	EventPurged
 )
 
 var eventNames = [...]string{
@@ -40,6 +42,7 @@ var eventNames = [...]string{
 	EventReleased:   "released",
 	EventCompleted:  "completed",
 	EventStoreError: "store_error",
+	EventPurged:     "purged",
 }
 
 // String returns the event kind's name.

@@ -137,6 +137,58 @@ type Watcher interface {
 	Watch(ctx context.Context, key string) error
 }
 
+// Inspector is implemented by stores that let operators and the reconciler
+// see and fix records (see [Runner.Inspect], [Runner.Purge], [Runner.Stuck]
+// and [Reconcile]). It reads and deletes; it never claims, so it cannot
+// make two holders.
+type Inspector interface {
+	// Inspect returns the record under key, with its result and its
+	// checkpoints. It returns [ErrNotFound] when the record is absent or
+	// expired.
+	Inspect(ctx context.Context, key string) (RecordInfo, error)
+
+	// Purge deletes the record under key, whatever its state. The next
+	// Claim acquires the key afresh, with a greater fence, and a holder of
+	// the purged record gets ErrLeaseLost from its next Renew, Checkpoint,
+	// Complete or Release. Purging an absent or expired record succeeds.
+	Purge(ctx context.Context, key string) error
+
+	// Stuck lists the STARTED records whose lease has ended and which have
+	// not expired: their holder stopped renewing, and nobody took them
+	// over. It returns at most limit of them (limit is positive), starting
+	// after cursor ("" for the first page), and the cursor of the next
+	// page, "" after the last. Every record that is stuck during the whole
+	// listing is listed once; one that changes during it may be listed or
+	// not.
+	Stuck(ctx context.Context, cursor string, limit int) ([]RecordInfo, string, error)
+}
+
+// RecordInfo describes a record, for [Inspector].
+type RecordInfo struct {
+	// Key is the storage key.
+	Key string
+	// State is StateStarted or StateCompleted.
+	State State
+	// Fingerprint is the fingerprint of the request that created the record.
+	Fingerprint Fingerprint
+	// Fence and Attempt are those of the record's last acquisition.
+	Fence   int64
+	Attempt int
+	// LeaseLeft is, for a STARTED record, the time left on its holder's
+	// lease by the store's clock; zero once the lease has ended.
+	LeaseLeft time.Duration
+	// ExpiresIn is the time left before the record expires, by the store's
+	// clock.
+	ExpiresIn time.Duration
+	// Result is the stored result of a COMPLETED record.
+	Result []byte
+	// ResultSize is the length of the stored result. Stores may leave it
+	// zero; [Runner.Inspect] sets it, and leaves Result out unless asked.
+	ResultSize int
+	// Checkpoints are the recovery points of a STARTED record.
+	Checkpoints map[string][]byte
+}
+
 // Token identifies one holder's lease on a record. [Do] generates 128
 // random bits for every call (rendered as 32 lowercase hex digits); stores
 // treat it as an opaque string and compare it exactly.

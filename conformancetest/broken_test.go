@@ -123,6 +123,26 @@ var brokenStores = map[string][]string{
 	// Keys are cut to what follows their last colon, as a store that
 	// parses "prefix:id" keys might.
 	"last_colon_part": {"scope_isolation", "odd_keys"},
+	// Inspect shows expired records, as a store that forgets to filter
+	// its read by expiry would.
+	"inspect_shows_expired": {"inspect_describes"},
+	// Inspect hands out the store's own checkpoint map and result.
+	"inspect_aliases": {"inspect_describes"},
+	// Purge deletes the record, and the fence counter with it: the next
+	// claim gets the purged record's fence again.
+	"purge_reuses_fence": {"purge_deletes"},
+	// Purge deletes only COMPLETED records, as a "delete where state =
+	// completed" might.
+	"purge_completed_only": {"purge_deletes"},
+	// Stuck lists STARTED records whatever their lease.
+	"stuck_includes_live": {"stuck_lists_ended_leases"},
+	// Stuck looks only at records about to expire (a sweep-style query
+	// by expiry), and misses the stuck ones with a long grace.
+	"stuck_by_expiry": {"stuck_lists_ended_leases"},
+	// Stuck's cursor is the first key of the page, so pages overlap.
+	"stuck_cursor_repeats": {"stuck_lists_ended_leases"},
+	// Stuck returns everything in one page, whatever the limit.
+	"stuck_ignores_limit": {"stuck_lists_ended_leases"},
 }
 
 // probabilistic faults are caught in most runs, not all: their subprocess
@@ -135,6 +155,7 @@ var refCaps = conformancetest.Capabilities{
 	ControlledClock: true,
 	Sweeper:         true,
 	Watcher:         true,
+	Inspector:       true,
 	MaxValueSize:    refMaxValue,
 }
 
@@ -691,8 +712,97 @@ func clone(b []byte) []byte {
 	return append(make([]byte, 0, len(b)), b...)
 }
 
+func (s *refStore) Inspect(ctx context.Context, key string) (idempotency.RecordInfo, error) {
+	if err := s.ctxErr(ctx); err != nil {
+		return idempotency.RecordInfo{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	rec := s.liveLocked(s.key(key), now)
+	if s.fault == "inspect_shows_expired" {
+		rec = s.recs[s.key(key)]
+	}
+	if rec == nil {
+		return idempotency.RecordInfo{}, idempotency.ErrNotFound
+	}
+	return s.infoLocked(key, rec, now), nil
+}
+
+func (s *refStore) infoLocked(key string, rec *refRecord, now time.Time) idempotency.RecordInfo {
+	info := idempotency.RecordInfo{Key: key, State: idempotency.StateStarted, Fingerprint: rec.fp,
+		Fence: rec.fence, Attempt: rec.attempt, ExpiresIn: rec.expires.Sub(now),
+		Result: clone(rec.result), Checkpoints: s.cpsOut(rec)}
+	if rec.completed {
+		info.State = idempotency.StateCompleted
+	} else {
+		info.LeaseLeft = max(rec.leaseEnd.Sub(now), 0)
+	}
+	if s.fault == "inspect_aliases" {
+		info.Result, info.Checkpoints = rec.result, rec.cps
+	}
+	return info
+}
+
+func (s *refStore) Purge(ctx context.Context, key string) error {
+	if err := s.ctxErr(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.liveLocked(s.key(key), s.now())
+	switch {
+	case rec == nil:
+		return nil
+	case s.fault == "purge_completed_only" && !rec.completed:
+		return nil
+	case s.fault == "purge_reuses_fence" && rec.fence == s.fence:
+		s.fence--
+	}
+	delete(s.recs, s.key(key))
+	s.notifyLocked()
+	return nil
+}
+
+func (s *refStore) Stuck(ctx context.Context, cursor string, limit int) ([]idempotency.RecordInfo, string, error) {
+	if err := s.ctxErr(ctx); err != nil {
+		return nil, "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var keys []string
+	for k, rec := range s.recs {
+		stuck := !rec.completed && !now.Before(rec.leaseEnd) && now.Before(rec.expires)
+		switch s.fault {
+		case "stuck_includes_live":
+			stuck = !rec.completed && now.Before(rec.expires)
+		case "stuck_by_expiry":
+			stuck = !rec.completed && !now.Before(rec.leaseEnd) && rec.expires.Sub(now) < time.Minute
+		}
+		if stuck && k > cursor {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	next := ""
+	if len(keys) > limit && s.fault != "stuck_ignores_limit" {
+		keys = keys[:limit]
+		next = keys[limit-1]
+		if s.fault == "stuck_cursor_repeats" {
+			next = keys[0]
+		}
+	}
+	infos := make([]idempotency.RecordInfo, len(keys))
+	for i, k := range keys {
+		infos[i] = s.infoLocked(k, s.recs[k], now)
+	}
+	return infos, next, nil
+}
+
 var (
-	_ idempotency.Store   = (*refStore)(nil)
-	_ idempotency.Sweeper = (*refStore)(nil)
-	_ idempotency.Watcher = (*refStore)(nil)
+	_ idempotency.Store     = (*refStore)(nil)
+	_ idempotency.Sweeper   = (*refStore)(nil)
+	_ idempotency.Watcher   = (*refStore)(nil)
+	_ idempotency.Inspector = (*refStore)(nil)
 )

@@ -145,6 +145,49 @@ var clauses = []clause{
 	{in: "Watcher", text: "A spurious wake-up is allowed.",
 		cases: []string{"watch_wakes"}}, // the case watches again after one
 
+	{in: "Inspector", text: "Inspector is implemented by stores that let operators and the reconciler see and fix records (see [Runner.Inspect], [Runner.Purge], [Runner.Stuck] and [Reconcile]).",
+		cases: []string{"inspect_describes", "purge_deletes", "stuck_lists_ended_leases"}},
+	{in: "Inspector", text: "It reads and deletes; it never claims, so it cannot make two holders.",
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}}, // records stay held by their holders
+	{in: "Inspector.Inspect", text: "Inspect returns the record under key, with its result and its checkpoints.",
+		cases: []string{"inspect_describes"}},
+	{in: "Inspector.Inspect", text: "It returns [ErrNotFound] when the record is absent or expired.",
+		cases: []string{"inspect_describes", "purge_deletes"}},
+	{in: "Inspector.Purge", text: "Purge deletes the record under key, whatever its state.",
+		cases: []string{"purge_deletes"}},
+	{in: "Inspector.Purge", text: "The next Claim acquires the key afresh, with a greater fence, and a holder of the purged record gets ErrLeaseLost from its next Renew, Checkpoint, Complete or Release.",
+		cases: []string{"purge_deletes"}},
+	{in: "Inspector.Purge", text: "Purging an absent or expired record succeeds.",
+		cases: []string{"purge_deletes"}},
+	{in: "Inspector.Stuck", text: "Stuck lists the STARTED records whose lease has ended and which have not expired: their holder stopped renewing, and nobody took them over.",
+		cases: []string{"stuck_lists_ended_leases"}},
+	{in: "Inspector.Stuck", text: `It returns at most limit of them (limit is positive), starting after cursor ("" for the first page), and the cursor of the next page, "" after the last.`,
+		cases: []string{"stuck_lists_ended_leases"}},
+	{in: "Inspector.Stuck", text: "Every record that is stuck during the whole listing is listed once; one that changes during it may be listed or not.",
+		cases: []string{"stuck_lists_ended_leases"}},
+	{in: "RecordInfo", text: "RecordInfo describes a record, for [Inspector].",
+		why: "definition"},
+	{in: "RecordInfo.Key", text: "Key is the storage key.",
+		cases: []string{"inspect_describes"}},
+	{in: "RecordInfo.State", text: "State is StateStarted or StateCompleted.",
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+	{in: "RecordInfo.Fingerprint", text: "Fingerprint is the fingerprint of the request that created the record.",
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+	{in: "RecordInfo.Fence", text: "Fence and Attempt are those of the record's last acquisition.",
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+	{in: "RecordInfo.LeaseLeft", text: "LeaseLeft is, for a STARTED record, the time left on its holder's lease by the store's clock; zero once the lease has ended.",
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+	{in: "RecordInfo.ExpiresIn", text: "ExpiresIn is the time left before the record expires, by the store's clock.",
+		cases: []string{"inspect_describes"}},
+	{in: "RecordInfo.Result", text: "Result is the stored result of a COMPLETED record.",
+		cases: []string{"inspect_describes"}},
+	{in: "RecordInfo.ResultSize", text: "ResultSize is the length of the stored result.",
+		why: "filled by the Runner; root package tests check it"},
+	{in: "RecordInfo.ResultSize", text: "Stores may leave it zero; [Runner.Inspect] sets it, and leaves Result out unless asked.",
+		why: "a permission for stores, and the Runner's duty, which root package tests check"},
+	{in: "RecordInfo.Checkpoints", text: "Checkpoints are the recovery points of a STARTED record.",
+		cases: []string{"inspect_describes"}},
+
 	{in: "Token", text: "Token identifies one holder's lease on a record.",
 		why: "definition"},
 	{in: "Token", text: "[Do] generates 128 random bits for every call (rendered as 32 lowercase hex digits); stores treat it as an opaque string and compare it exactly.",
@@ -195,7 +238,7 @@ func contractDocs(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatalf("reading the contract: %v", err)
 	}
-	covered := []string{"Store", "Sweeper", "Watcher", "Token", "ClaimRequest", "ClaimResult"}
+	covered := []string{"Store", "Sweeper", "Watcher", "Inspector", "RecordInfo", "Token", "ClaimRequest", "ClaimResult"}
 	docs := map[string]string{}
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)

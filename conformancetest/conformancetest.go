@@ -75,6 +75,9 @@ type Capabilities struct {
 	// Watcher: the store implements idempotency.Watcher and the suite
 	// checks it wakes.
 	Watcher bool
+	// Inspector: the store implements idempotency.Inspector and the suite
+	// checks Inspect, Purge and Stuck.
+	Inspector bool
 	// MaxValueSize: the largest result the store is configured to keep;
 	// zero means at least 1 MiB. When set, the suite stores a result of
 	// exactly this size and checks that one byte more gives
@@ -165,6 +168,12 @@ var cases = []testCase{
 		rule: "an operation whose context ends while it runs returns its true outcome or an error, never a refusal of what it may have done"},
 	{name: "watch_wakes", together: true, run: testWatch, needs: needsWatcher,
 		rule: "Watch returns after the record completes or is released, and with the context's error when its context ends"},
+	{name: "inspect_describes", together: true, run: testInspect, needs: needsInspector,
+		rule: "Inspect describes a live record as its claims and writes left it (state, fingerprint, fence, lease and expiry left, result, checkpoints, in copies), and an absent or expired one as ErrNotFound"},
+	{name: "purge_deletes", together: true, run: testPurge, needs: needsInspector,
+		rule: "Purge deletes a record in any state: its holder's writes get ErrLeaseLost, the next claim acquires afresh with a greater fence; purging an absent key succeeds"},
+	{name: "stuck_lists_ended_leases", together: true, run: testStuck, needs: needsInspector,
+		rule: "Stuck lists, page by page within the limit, each STARTED record whose lease ended and which has not expired, once; never a live, renewed, taken over, completed or expired one"},
 }
 
 func needsMaxValueSize(c Capabilities) (bool, string) {

@@ -22,6 +22,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -104,9 +105,10 @@ func New(opts *Options) *Store {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Sweeper = (*Store)(nil)
-	_ idempotency.Watcher = (*Store)(nil)
+	_ idempotency.Store     = (*Store)(nil)
+	_ idempotency.Sweeper   = (*Store)(nil)
+	_ idempotency.Watcher   = (*Store)(nil)
+	_ idempotency.Inspector = (*Store)(nil)
 )
 
 // Claim atomically decides what a request for r.Key may do, as
@@ -342,6 +344,88 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Inspect returns the live record under key, as [idempotency.Inspector]
+// documents.
+func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.RecordInfo{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	rec := s.lookupLocked(key, now)
+	if rec == nil {
+		return idempotency.RecordInfo{}, fmt.Errorf("%w: memory: %s", idempotency.ErrNotFound, truncate(key))
+	}
+	return rec.info(now), nil
+}
+
+// Purge deletes the record under key, as [idempotency.Inspector]
+// documents; the store-wide fence counter makes the next claim's fence
+// greater.
+func (s *Store) Purge(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rec := s.lookupLocked(key, s.now()); rec != nil {
+		s.deleteLocked(rec)
+	}
+	return nil
+}
+
+// Stuck lists the STARTED records whose lease has ended, in key order, as
+// [idempotency.Inspector] documents; the cursor is the last key listed.
+// It looks at every record, so it suits the store's sizes, not millions.
+func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempotency.RecordInfo, string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	if limit <= 0 {
+		return nil, "", invalid("limit %d is not positive", limit)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var keys []string
+	for k, rec := range s.records {
+		if k > cursor && rec.state == idempotency.StateStarted && !now.Before(rec.leaseEnd) && now.Before(rec.expires) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	next := ""
+	if len(keys) > limit {
+		keys = keys[:limit]
+		next = keys[limit-1]
+	}
+	infos := make([]idempotency.RecordInfo, len(keys))
+	for i, k := range keys {
+		infos[i] = s.records[k].info(now)
+	}
+	return infos, next, nil
+}
+
+// info describes rec at now, with copies of its values.
+func (rec *record) info(now time.Time) idempotency.RecordInfo {
+	info := idempotency.RecordInfo{
+		Key:         rec.key,
+		State:       rec.state,
+		Fingerprint: rec.fingerprint,
+		Fence:       rec.fence,
+		Attempt:     rec.attempt,
+		ExpiresIn:   rec.expires.Sub(now),
+		Result:      clone(rec.result),
+		ResultSize:  len(rec.result),
+		Checkpoints: cloneMap(rec.checkpoints),
+	}
+	if rec.state == idempotency.StateStarted {
+		info.LeaseLeft = max(rec.leaseEnd.Sub(now), 0)
+	}
+	return info
 }
 
 // Len reports how many records the store holds, counting expired records

@@ -17,6 +17,7 @@ func TestConformance(t *testing.T) {
 	caps := conformancetest.Capabilities{
 		Sweeper:      true,
 		Watcher:      true,
+		Inspector:    true,
 		MaxValueSize: memory.DefaultMaxValueSize,
 	}
 	t.Run("controlled_clock", func(t *testing.T) {
