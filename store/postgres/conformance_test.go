@@ -45,6 +45,7 @@ func TestConformance(t *testing.T) {
 				return s
 			}, conformancetest.Capabilities{
 				Sweeper:         true,
+				Inspector:       true,
 				MaxValueSize:    testMaxValueSize,
 				LeaseResolution: 0, // microseconds: finer than the suite's default milliseconds
 			})
@@ -73,6 +74,7 @@ func TestConformanceNotify(t *testing.T) {
 			}, conformancetest.Capabilities{
 				Sweeper:      true,
 				Watcher:      true,
+				Inspector:    true,
 				MaxValueSize: testMaxValueSize,
 			})
 		})

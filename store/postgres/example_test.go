@@ -156,6 +156,7 @@ func ExampleSchema() {
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."idempotency_keys_fence_seq" AS bigint;
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_keys" (
 	// CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx" ON "billing"."idempotency_keys" (expires_at);
+	// CREATE INDEX IF NOT EXISTS "idempotency_keys_started_idx" ON "billing"."idempotency_keys" (key) WHERE state = 'started';
 }
 
 // With Options.Notify, a duplicate that waits (idempotency.WithWait) is

@@ -61,8 +61,9 @@ type Options struct {
 	// Schema is the PostgreSQL schema of the table. Default: none, so the
 	// table is found through the search_path.
 	Schema string
-	// Table is the table's name; its fence sequence is Table+"_fence_seq"
-	// and its expiry index Table+"_expires_at_idx". Both names are used
+	// Table is the table's name; its fence sequence is Table+"_fence_seq",
+	// its expiry index Table+"_expires_at_idx" and its index of STARTED
+	// rows Table+"_started_idx". All names are used
 	// exactly as given (quoted), and must be identifiers: a letter or
 	// underscore, then letters, digits or underscores, at most 48 bytes
 	// for the table and 63 for the schema. Default: [DefaultTable].
@@ -196,16 +197,19 @@ type objectNames struct {
 	Table  string // quoted, qualified table
 	Seq    string // quoted, qualified sequence
 	Index  string // quoted index name (indexes live in their table's schema)
-	Lock   string // plain qualified name, keys the migration's advisory lock
+	// StuckIndex is the quoted name of the partial index of STARTED rows.
+	StuckIndex string
+	Lock       string // plain qualified name, keys the migration's advisory lock
 }
 
 func names(o Options) objectNames {
 	q := func(s string) string { return `"` + s + `"` }
 	n := objectNames{
-		Table: q(o.Table),
-		Seq:   q(o.Table + "_fence_seq"),
-		Index: q(o.Table + "_expires_at_idx"),
-		Lock:  o.Table,
+		Table:      q(o.Table),
+		Seq:        q(o.Table + "_fence_seq"),
+		Index:      q(o.Table + "_expires_at_idx"),
+		StuckIndex: q(o.Table + "_started_idx"),
+		Lock:       o.Table,
 	}
 	if o.Schema != "" {
 		n.Schema = q(o.Schema)

@@ -25,3 +25,6 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
 );
 ALTER SEQUENCE {{.Seq}} OWNED BY {{.Table}}.fence;
 CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (expires_at);
+-- Stuck (the operator's and the reconciler's listing) reads STARTED rows
+-- in key order: usually a few among many completed ones.
+CREATE INDEX IF NOT EXISTS {{.StuckIndex}} ON {{.Table}} (key) WHERE state = 'started';

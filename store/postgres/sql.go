@@ -11,6 +11,7 @@ import "strings"
 // exec and simple-protocol modes (PgBouncer transaction pooling).
 type statements struct {
 	claim, renew, checkpoint, complete, completeTx, release, sweep, leaseLeft string
+	inspect, purge, stuck                                                     string
 }
 
 // The claim. One INSERT ... ON CONFLICT DO UPDATE decides, atomically:
@@ -200,18 +201,60 @@ SELECT GREATEST(0, ceil(extract(epoch FROM r.lease_until - c.now) * 1000000))::b
 FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
 WHERE r.key = $1::text AND r.state = 'started' AND r.expires_at > c.now`
 
+// The columns Inspect and Stuck read, in the order scanInfo scans them:
+// times left as µs by the server's clock c.now.
+const infoColumns = `r.key, r.fingerprint, r.state, r.fence, r.attempt,
+	GREATEST(0, ceil(extract(epoch FROM r.lease_until - c.now) * 1000000))::bigint,
+	GREATEST(0, ceil(extract(epoch FROM r.expires_at - c.now) * 1000000))::bigint,
+	r.checkpoints::text`
+
+// $1 key. The result comes last: Stuck does not read it.
+const inspectSQL = `
+SELECT ` + infoColumns + `, r.result
+FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
+WHERE r.key = $1::text AND r.expires_at > c.now`
+
+// Purge leaves a tombstone, as Release does and for the same reason (the
+// re-creating claim must see the old fence); with Options.Notify, $2 the
+// key's hash is notified when a live row is purged.
+// $1 key.
+const purgeSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE {T} AS r SET
+	expires_at = '-infinity',
+	lease_until = '-infinity',
+	checkpoints = NULL,
+	result = NULL
+FROM c
+WHERE r.key = $1::text AND r.expires_at > c.now
+RETURNING {NOTIFY2}`
+
+// The stuck rows after $1 in key order, at most $2 of them; the partial
+// index on STARTED rows keeps this from reading completed ones.
+const stuckSQL = `
+SELECT ` + infoColumns + `
+FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
+WHERE r.state = 'started' AND r.key > $1::text
+	AND r.lease_until <= c.now AND r.expires_at > c.now
+ORDER BY r.key
+LIMIT $2::bigint`
+
 // buildStatements renders the statements for the names n. With notify,
 // Complete and Release notify channel (a validated identifier, safe in a
 // literal) with the key's hash.
 func buildStatements(n objectNames, channel string, notify bool) statements {
-	n5, n3 := "1", "1"
+	n5, n3, n2 := "1", "1", "1"
 	if notify {
 		n5 = "pg_notify('" + channel + "', $5::text)"
 		n3 = "pg_notify('" + channel + "', $3::text)"
+		n2 = "pg_notify('" + channel + "', $2::text)"
 	}
-	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{NOTIFY5}", n5, "{NOTIFY3}", n3)
+	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{NOTIFY5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2)
 	return statements{
 		leaseLeft:  r.Replace(leaseLeftSQL),
+		inspect:    r.Replace(inspectSQL),
+		purge:      r.Replace(purgeSQL),
+		stuck:      r.Replace(stuckSQL),
 		claim:      r.Replace(claimSQL),
 		renew:      r.Replace(renewSQL),
 		checkpoint: r.Replace(checkpointSQL),

@@ -1,0 +1,104 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/jackc/pgx/v5"
+)
+
+var _ idempotency.Inspector = (*Store)(nil)
+
+// Inspect returns the live record under key, as [idempotency.Inspector]
+// documents: one SELECT, times left judged by the server's clock.
+func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo, error) {
+	var result []byte
+	info, err := scanInfo(s.db.QueryRow(ctx, s.sql.inspect, key), &result)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return idempotency.RecordInfo{}, fmt.Errorf("%w: postgres: %q", idempotency.ErrNotFound, key)
+	case err != nil:
+		return idempotency.RecordInfo{}, wrapErr(ctx, "inspect", err)
+	}
+	if info.State == idempotency.StateCompleted {
+		info.Result = nonNil(result)
+		info.ResultSize = len(info.Result)
+	}
+	return info, nil
+}
+
+// Purge deletes the record under key, as [idempotency.Inspector]
+// documents. Like Release, it leaves an expired tombstone for the sweep,
+// so that the claim that re-creates the record sees the old fence and
+// hands out a greater one; with [Options.Notify] it wakes the record's
+// waiters.
+func (s *Store) Purge(ctx context.Context, key string) error {
+	args := []any{key}
+	if s.notify {
+		args = append(args, keyHash(key))
+	}
+	if _, err := s.db.Exec(ctx, s.sql.purge, args...); err != nil {
+		return wrapErr(ctx, "purge", err)
+	}
+	return nil
+}
+
+// Stuck lists the STARTED records whose lease has ended, in key order,
+// as [idempotency.Inspector] documents: one SELECT on the partial index of
+// STARTED rows; the cursor is the last key listed. Results are not read.
+func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempotency.RecordInfo, string, error) {
+	if limit <= 0 {
+		return nil, "", fmt.Errorf("%w: postgres: Stuck: limit %d is not positive", idempotency.ErrInvalidArgument, limit)
+	}
+	rows, err := s.db.Query(ctx, s.sql.stuck, cursor, int64(limit))
+	if err != nil {
+		return nil, "", wrapErr(ctx, "stuck", err)
+	}
+	infos, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idempotency.RecordInfo, error) {
+		return scanInfo(row, nil)
+	})
+	if err != nil {
+		return nil, "", wrapErr(ctx, "stuck", err)
+	}
+	next := ""
+	if len(infos) == limit {
+		next = infos[len(infos)-1].Key
+	}
+	return infos, next, nil
+}
+
+// scanInfo reads the columns of infoColumns, and the result into result
+// when it is not nil.
+func scanInfo(row pgx.Row, result *[]byte) (idempotency.RecordInfo, error) {
+	var (
+		info                   idempotency.RecordInfo
+		fingerprint, state     string
+		attempt                int32
+		leaseMicros, expMicros int64
+		checkpoints            *string
+	)
+	dest := []any{&info.Key, &fingerprint, &state, &info.Fence, &attempt, &leaseMicros, &expMicros, &checkpoints}
+	if result != nil {
+		dest = append(dest, result)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return info, err
+	}
+	info.Fingerprint = idempotency.Fingerprint(fingerprint)
+	info.State = idempotency.State(state)
+	info.Attempt = int(attempt)
+	info.ExpiresIn = time.Duration(expMicros) * time.Microsecond
+	if info.State == idempotency.StateStarted {
+		info.LeaseLeft = time.Duration(leaseMicros) * time.Microsecond
+	}
+	if checkpoints != nil && info.State == idempotency.StateStarted {
+		if err := json.Unmarshal([]byte(*checkpoints), &info.Checkpoints); err != nil {
+			return info, fmt.Errorf("postgres: corrupt checkpoints of key %q: %w", info.Key, err)
+		}
+	}
+	return info, nil
+}
