@@ -1,0 +1,52 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/inbox"
+	"github.com/exactlyonce/idempotency/store/memory"
+)
+
+// A consumer of a broker that delivers at least once: the first event
+// arrives three times, the second is a poison message. The consumer's
+// effect (crediting an account) happens once per event, and the broker is
+// told what to do with each delivery.
+func Example() {
+	runner, err := idempotency.New(memory.New(nil)) // or a PostgreSQL, Redis, ... store
+	if err != nil {
+		panic(err)
+	}
+	in, err := inbox.New(runner, "ledger-consumer")
+	if err != nil {
+		panic(err)
+	}
+	balance := 0
+	deliveries := []inbox.Message{
+		{Source: "payments", ID: "evt_1", Payload: []byte(`{"credit":100}`)},
+		{Source: "payments", ID: "evt_1", Payload: []byte(`{"credit":100}`)}, // redelivered
+		{Source: "payments", ID: "evt_2", Payload: []byte(`{"credit":"lots"}`)},
+		{Source: "payments", ID: "evt_1", Payload: []byte(`{"credit":100}`)}, // and again
+		{Source: "payments", ID: "evt_2", Payload: []byte(`{"credit":"lots"}`)},
+	}
+	for _, msg := range deliveries {
+		dup, err := in.Handle(context.Background(), msg, func(ctx context.Context) error {
+			if msg.ID == "evt_2" {
+				return idempotency.Permanent(errors.New("malformed credit"))
+			}
+			balance += 100
+			return nil
+		})
+		fmt.Printf("%s duplicate=%v -> %v\n", msg.ID, dup, inbox.Decide(err))
+	}
+	fmt.Println("balance:", balance)
+	// Output:
+	// evt_1 duplicate=false -> ack
+	// evt_1 duplicate=true -> ack
+	// evt_2 duplicate=false -> dead-letter
+	// evt_1 duplicate=true -> ack
+	// evt_2 duplicate=true -> dead-letter
+	// balance: 100
+}

@@ -1,0 +1,140 @@
+// Package inbox makes a message consumer's effects exactly-once: every
+// event is processed at most once per consumer, however often the broker
+// delivers it. It is the receiving end of an outbox (which delivers at
+// least once, each event with a stable ID) and of any broker that
+// redelivers: Kafka after a rebalance, SQS after a visibility timeout,
+// NATS and RabbitMQ after a missing ack.
+//
+// An Inbox is built on [idempotency.Do], so it works on every store and
+// keeps Do's guarantees: an event is claimed atomically under a lease
+// renewed while the handler runs, a concurrent redelivery is refused
+// while the first is handled, a consumer that crashed mid-handling is
+// taken over once its lease ends (with a greater fence and the recovery
+// points it recorded), and an error marked permanent is stored, so that a
+// poison message is recognised on every redelivery. On PostgreSQL the
+// adapter's InboxTx records the event in the consumer's own transaction,
+// together with the handler's writes.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/exactlyonce/idempotency"
+)
+
+// Message identifies one delivery of an event.
+type Message struct {
+	// Source is where the event comes from: a producer, a topic, an
+	// outbox. Event IDs need only be unique within their source.
+	Source string
+	// ID is the event's unique ID within Source (an outbox event ID, a
+	// CloudEvents id). Not the broker's delivery or offset number, which
+	// changes with every redelivery.
+	ID string
+	// Payload, when not nil, is fingerprinted: a later delivery of the same
+	// ID with another payload (a producer that reuses IDs) gets
+	// [idempotency.ErrMismatch] instead of being taken for a duplicate.
+	Payload []byte
+}
+
+// Inbox processes each event once for one consumer.
+type Inbox struct {
+	r        *idempotency.Runner
+	consumer string
+}
+
+// New returns the inbox of consumer (a stable name: two consumers of the
+// same events each process every event once, in inboxes of their own) on
+// r's store and options. It returns an error wrapping
+// [idempotency.ErrInvalidArgument] for a nil runner or an empty consumer.
+func New(r *idempotency.Runner, consumer string) (*Inbox, error) {
+	switch {
+	case r == nil:
+		return nil, fmt.Errorf("%w: inbox: nil runner", idempotency.ErrInvalidArgument)
+	case consumer == "":
+		return nil, fmt.Errorf("%w: inbox: empty consumer name", idempotency.ErrInvalidArgument)
+	}
+	return &Inbox{r: r, consumer: consumer}, nil
+}
+
+// Runner returns the inbox's runner.
+func (in *Inbox) Runner() *idempotency.Runner { return in.r }
+
+// Request returns the idempotency request under which the inbox records
+// msg: scope ("inbox", consumer, source), key the event ID. Adapters'
+// transactional forms use it.
+func (in *Inbox) Request(msg Message) idempotency.Request {
+	req := idempotency.Request{Scope: []string{"inbox", in.consumer, msg.Source}, Key: msg.ID}
+	if msg.Payload != nil {
+		req.Fingerprint = idempotency.FingerprintBytes(msg.Payload)
+	}
+	return req
+}
+
+// Handle runs handle for msg unless this consumer has processed msg's
+// event before, and reports whether it had (duplicate). What to tell the
+// broker follows from the result; [Decide] says it:
+//
+//   - nil: processed now or before (duplicate): acknowledge;
+//   - an error marked [idempotency.Permanent] by handle, now or replayed on
+//     a later delivery (a [*idempotency.StoredError]): the event can never
+//     succeed; acknowledge it and dead-letter it;
+//   - [idempotency.ErrInProgress]: another delivery is being handled right
+//     now; let the broker redeliver later;
+//   - any other error (handle's transient error, after which the event is
+//     released; a store failure): let the broker redeliver.
+//
+// An invalid source or ID gives an error wrapping
+// [idempotency.ErrInvalidKey] (dead-letter it: it can never be recorded).
+func (in *Inbox) Handle(ctx context.Context, msg Message, handle func(ctx context.Context) error) (duplicate bool, err error) {
+	if handle == nil {
+		return false, fmt.Errorf("%w: inbox: nil handler", idempotency.ErrInvalidArgument)
+	}
+	res, err := idempotency.Do(ctx, in.r, in.Request(msg), func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, handle(ctx)
+	})
+	return res.Replayed, err
+}
+
+// Disposition is what a consumer tells its broker about a delivery.
+type Disposition uint8
+
+// The dispositions of a delivery.
+const (
+	// Ack: the event is processed (now or before); acknowledge it.
+	Ack Disposition = iota + 1
+	// Retry: let the broker deliver the event again later (do not
+	// acknowledge it, or negatively acknowledge it).
+	Retry
+	// DeadLetter: the event can never be processed; acknowledge it and
+	// put it aside for a human.
+	DeadLetter
+)
+
+// String returns the disposition's name.
+func (d Disposition) String() string {
+	switch d {
+	case Ack:
+		return "ack"
+	case Retry:
+		return "retry"
+	case DeadLetter:
+		return "dead-letter"
+	}
+	return fmt.Sprintf("Disposition(%d)", uint8(d))
+}
+
+// Decide maps the error of [Inbox.Handle] to what the consumer tells the
+// broker, as Handle documents.
+func Decide(err error) Disposition {
+	switch {
+	case err == nil:
+		return Ack
+	case errors.Is(err, idempotency.ErrPermanent), errors.Is(err, idempotency.ErrInvalidKey),
+		errors.Is(err, idempotency.ErrMismatch), errors.Is(err, idempotency.ErrResultNotStored):
+		return DeadLetter
+	}
+	return Retry
+}

@@ -1,0 +1,75 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/inbox"
+	"github.com/exactlyonce/idempotency/store/postgres"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestInboxTx: an event delivered ten times concurrently and ten times
+// one after another is applied once, its row and its inbox record
+// committing together; a handler failure rolls both back and the
+// redelivery applies it.
+func TestInboxTx(t *testing.T) {
+	e := newTxEnv(t, nil)
+	in, err := inbox.New(e.runner, "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliver := func(msg inbox.Message, fail bool) error {
+		return postgres.RunInTx(t.Context(), e.pool, pgx.TxOptions{}, 3, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := postgres.InboxTx(ctx, in, tx, msg, func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := e.insertEffect(msg.ID)(ctx, tx); err != nil {
+					return err
+				}
+				if fail {
+					return errors.New("downstream refused")
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	msg := inbox.Message{Source: "payments", ID: "evt-1", Payload: []byte(`{"credit":1}`)}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if err := deliver(msg, false); err != nil {
+				t.Errorf("concurrent delivery: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	for range 10 {
+		if err := deliver(msg, false); err != nil {
+			t.Fatalf("sequential delivery: %v", err)
+		}
+	}
+	if n := e.effectRows(t, "evt-1"); n != 1 {
+		t.Fatalf("%d effect rows after 20 deliveries, want 1", n)
+	}
+
+	bad := inbox.Message{Source: "payments", ID: "evt-2"}
+	if err := deliver(bad, true); err == nil || inbox.Decide(err) != inbox.Retry {
+		t.Fatalf("failing delivery: %v; want a transient error", err)
+	}
+	sk, _ := idempotency.StorageKey(in.Request(bad).Scope, bad.ID)
+	if rows, keys := e.effectRows(t, "evt-2"), e.count(t, "SELECT count(*) FROM "+e.table+" WHERE key = $1", sk); rows != 0 || keys != 0 {
+		t.Fatalf("after the failed delivery: %d rows, %d inbox records; want none", rows, keys)
+	}
+	if err := deliver(bad, false); err != nil {
+		t.Fatalf("redelivery: %v", err)
+	}
+	if n := e.effectRows(t, "evt-2"); n != 1 {
+		t.Fatalf("%d rows after the redelivery, want 1", n)
+	}
+	if _, err := postgres.InboxTx(t.Context(), nil, nil, msg, nil); !errors.Is(err, idempotency.ErrInvalidArgument) {
+		t.Fatalf("nil inbox: %v", err)
+	}
+}
