@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Cleanup deletes delivered events older than [Options.Retention], oldest
+// first, in statements of [Options.CleanupBatch] events each bounded by
+// [Options.Timeout], until none is left or limit events were deleted
+// (limit ≤ 0: no limit). Rows another cleanup holds are skipped, so
+// several may run at once and divide the work. Relays run it every
+// [RelayOptions.CleanupInterval]; it returns how many it deleted.
+func (t *Table) Cleanup(ctx context.Context, limit int) (int, error) {
+	total := 0
+	for limit <= 0 || total < limit {
+		batch := t.opts.CleanupBatch
+		if limit > 0 {
+			batch = min(batch, limit-total)
+		}
+		sctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+		tag, err := t.db.Exec(sctx, t.sql.cleanup, t.opts.Retention.Microseconds(), batch)
+		cancel()
+		if err != nil {
+			return total, wrapErr(sctx, "cleanup", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < batch {
+			break
+		}
+	}
+	return total, nil
+}
+
+// DeadLetter is an event that was given up on.
+type DeadLetter struct {
+	// Message is the event; its Attempt is the number of attempts made.
+	Message
+	// LastError is the error of the last attempt.
+	LastError string
+	// DeadAt is when the event was dead-lettered.
+	DeadAt time.Time
+}
+
+// DeadLetters returns up to limit dead events, oldest first (limit ≤ 0:
+// 100). Redrive them with [Table.Redrive] once the receiver is fixed, or
+// delete their rows (DELETE FROM the table WHERE event_id = ...). A dead
+// event with an ordering key holds back the later events of its key
+// until it is redriven and delivered, or deleted.
+func (t *Table) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	rows, err := t.db.Query(ctx, t.sql.deadLetters, limit)
+	if err != nil {
+		return nil, wrapErr(ctx, "dead letters", err)
+	}
+	var out []DeadLetter
+	var headers *string
+	var d DeadLetter
+	_, err = pgx.ForEachRow(rows, []any{&d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempt, &d.EnqueuedAt, &d.LastError, &d.DeadAt}, func() error {
+		m := d
+		m.Headers = nil
+		if headers != nil {
+			if err := json.Unmarshal([]byte(*headers), &m.Headers); err != nil {
+				return fmt.Errorf("headers of event %s: %w", m.ID, err)
+			}
+		}
+		m.Payload = append([]byte(nil), d.Payload...)
+		out = append(out, m)
+		return nil
+	})
+	if err != nil {
+		return nil, wrapErr(ctx, "dead letters", err)
+	}
+	return out, nil
+}
+
+// Redrive puts the dead events with the given IDs back to pending, with
+// their attempts reset to zero (the last error is kept until the next
+// attempt), so that relays deliver them again; it returns how many it
+// changed. IDs of events that are not dead are ignored.
+func (t *Table) Redrive(ctx context.Context, ids ...string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	tag, err := t.db.Exec(ctx, t.sql.redrive, ids)
+	if err != nil {
+		return 0, wrapErr(ctx, "redrive", err)
+	}
+	return int(tag.RowsAffected()), nil
+}

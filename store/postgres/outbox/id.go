@@ -1,0 +1,32 @@
+package outbox
+
+import (
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+)
+
+// NewEventID returns a new random event ID: a version 7 UUID (RFC 9562) in
+// its 36-character text form, 48 bits of Unix milliseconds and 74 random
+// bits. Enqueue uses it for events without an ID; call it yourself to know
+// an event's ID before enqueueing it. Time-ordered IDs keep the table's
+// unique index appending at its right edge.
+func NewEventID() string {
+	var b [16]byte
+	ms := uint64(time.Now().UnixMilli())
+	for i := range 6 {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	crand.Read(b[6:])       // never fails (Go 1.24+)
+	b[6] = b[6]&0x0f | 0x70 // version 7
+	b[8] = b[8]&0x3f | 0x80 // variant 10
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// newToken returns 128 random bits as 32 hex digits: a claim's token.
+func newToken() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
