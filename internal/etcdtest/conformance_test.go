@@ -1,0 +1,27 @@
+package etcdtest_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/conformancetest"
+	"github.com/exactlyonce/idempotency/internal/etcdtest"
+	idemetcd "github.com/exactlyonce/idempotency/store/etcd"
+)
+
+const maxValue = 64 << 10
+
+// TestConformance36 runs the conformance suite on an embedded etcd 3.6
+// member with fast elections (a minimum lease TTL of 1s).
+func TestConformance36(t *testing.T) {
+	c := etcdtest.Start(t, 1, etcdtest.Fast)
+	cli := c.Client(t)
+	conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
+		s, err := idemetcd.New(cli, &idemetcd.Options{Prefix: "ct/" + t.Name() + "/", MaxValueSize: maxValue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, conformancetest.Capabilities{LeaseResolution: time.Second, Watcher: true, MaxValueSize: maxValue})
+}
