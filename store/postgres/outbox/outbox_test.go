@@ -173,20 +173,6 @@ func TestEnqueueSerializesKey(t *testing.T) {
 	}
 }
 
-// An event ID already in the table is not enqueued again.
-func TestEnqueueDuplicateIDOnce(t *testing.T) {
-	pool := testPool(t)
-	tb := newTable(t, pool, nil)
-	enqueue(t, pool, tb, 2, []outbox.Event{{ID: "same", Payload: []byte("1")}, {ID: "same", Payload: []byte("2")}})
-	enqueue(t, pool, tb, 1, []outbox.Event{{ID: "same", Payload: []byte("3")}})
-	if n := count(t, pool, "SELECT count(*) FROM "+qualified(tb)+" WHERE event_id = 'same' AND payload = '1'"); n != 1 {
-		t.Fatalf("%d rows of the first event", n)
-	}
-	if n := count(t, pool, "SELECT count(*) FROM "+qualified(tb)); n != 1 {
-		t.Fatalf("%d rows, want 1", n)
-	}
-}
-
 // Invalid events are refused before anything is sent, naming the field,
 // and the caller's transaction stays usable.
 func TestEnqueueInvalid(t *testing.T) {

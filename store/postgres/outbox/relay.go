@@ -392,73 +392,127 @@ func (r *Relay) claim(ctx context.Context, token string) ([]item, []outcome, err
 
 // sendAll sends the batch's events, Parallelism at a time, and fills in
 // their outcomes. It starts no send after stopBy minus SendTimeout, nor
-// once ctx is done: those events stay unsent.
+// once ctx is done: those events stay unsent. Sends run on worker
+// goroutines, one event after another; a worker whose send overruns
+// SendTimeout and its grace is abandoned (the send counts as failed) and
+// replaced, so a sender that ignores its context cannot stall the relay.
 func (r *Relay) sendAll(ctx context.Context, batch []item, out []outcome, stopBy time.Time) {
-	var next atomic.Int64
-	work := func() {
-		for {
-			i := int(next.Add(1) - 1)
-			if i >= len(batch) {
-				return
-			}
+	type worker struct {
+		i     int       // the event it sends, or -1
+		since time.Time // when that send started
+		gone  bool      // abandoned
+	}
+	var (
+		mu      sync.Mutex
+		next    int
+		workers = map[*worker]bool{}
+		exited  = make(chan struct{}, 1)
+		limit   = r.opts.SendTimeout + r.grace
+	)
+	// take gives w the next event to send; under mu.
+	take := func(w *worker) bool {
+		for next < len(batch) {
+			i := next
+			next++
 			if out[i].kind == skipped || ctx.Err() != nil || time.Until(stopBy) < r.opts.SendTimeout {
 				continue
 			}
-			err := r.send(ctx, batch[i].m)
-			switch {
-			case err == nil:
-				out[i].kind = delivered
-			case ctx.Err() != nil:
-				// Stopping: the attempt counts (the event may have
-				// arrived), but not against the receiver. Another relay
-				// may retry at once.
-				out[i] = outcome{kind: failed, err: fmt.Errorf("the relay stopped during the send: %w", err)}
-			case errors.Is(err, idempotency.ErrPermanent):
-				out[i] = outcome{kind: failed, err: err, delay: -1}
-			default:
-				out[i] = outcome{kind: failed, err: err, delay: r.backoff(batch[i].m.Attempt)}
-			}
+			w.i, w.since = i, time.Now()
+			return true
 		}
+		w.i = -1
+		return false
 	}
-	if r.opts.Parallelism == 1 {
-		work()
-		return
-	}
-	var wg sync.WaitGroup
-	for range min(r.opts.Parallelism, len(batch)) {
-		wg.Go(work)
-	}
-	wg.Wait()
-}
-
-// send calls the sender with SendTimeout, and gives up on it a grace
-// period after that if it does not return.
-func (r *Relay) send(ctx context.Context, m Message) error {
-	sctx, cancel := context.WithTimeout(ctx, r.opts.SendTimeout)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				r.log.Error("outbox relay: sender panicked", "table", r.t.names.Table, "event", m.ID, "panic", p, "stack", string(debug.Stack()))
-				done <- fmt.Errorf("outbox: the sender panicked: %v", p)
+	spawn := func() { // under mu
+		w := &worker{i: -1}
+		workers[w] = true
+		go func() {
+			mu.Lock()
+			for take(w) {
+				i := w.i
+				mu.Unlock()
+				err := r.sendOne(ctx, batch[i].m)
+				mu.Lock()
+				if w.gone {
+					break // its outcome is decided already
+				}
+				out[i] = r.outcomeOf(ctx, batch[i].m, err)
+			}
+			delete(workers, w)
+			mu.Unlock()
+			select {
+			case exited <- struct{}{}:
+			default: // a wake-up is pending already
 			}
 		}()
-		done <- r.sender.Send(sctx, m)
+	}
+	mu.Lock()
+	for range min(r.opts.Parallelism, len(batch)) {
+		spawn()
+	}
+	mu.Unlock()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		mu.Lock()
+		if len(workers) == 0 {
+			mu.Unlock()
+			return
+		}
+		now := time.Now()
+		wake := now.Add(limit)
+		for w := range workers {
+			if w.i < 0 {
+				continue
+			}
+			if due := w.since.Add(limit); now.Before(due) {
+				if due.Before(wake) {
+					wake = due
+				}
+				continue
+			}
+			w.gone = true
+			delete(workers, w)
+			err := fmt.Errorf("outbox: the sender did not return within RelayOptions.SendTimeout (%v) and %v more; abandoned it", r.opts.SendTimeout, r.grace)
+			out[w.i] = outcome{kind: failed, err: err, delay: r.backoff(batch[w.i].m.Attempt)}
+			spawn()
+		}
+		mu.Unlock()
+		timer.Reset(time.Until(wake))
+		select {
+		case <-exited:
+		case <-timer.C:
+		}
+	}
+}
+
+// sendOne calls the sender with SendTimeout, turning a panic into an
+// error.
+func (r *Relay) sendOne(ctx context.Context, m Message) (err error) {
+	sctx, cancel := context.WithTimeout(ctx, r.opts.SendTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("outbox relay: sender panicked", "table", r.t.names.Table, "event", m.ID, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("outbox: the sender panicked: %v", p)
+		}
 	}()
-	select {
-	case err := <-done:
-		return err
-	case <-sctx.Done():
+	return r.sender.Send(sctx, m)
+}
+
+// outcomeOf is the outcome of a send of m that returned err.
+func (r *Relay) outcomeOf(ctx context.Context, m Message, err error) outcome {
+	switch {
+	case err == nil:
+		return outcome{kind: delivered}
+	case ctx.Err() != nil:
+		// Stopping: the attempt counts (the event may have arrived), but
+		// not against the receiver. Another relay may retry at once.
+		return outcome{kind: failed, err: fmt.Errorf("the relay stopped during the send: %w", err)}
+	case errors.Is(err, idempotency.ErrPermanent):
+		return outcome{kind: failed, err: err, delay: -1}
 	}
-	t := time.NewTimer(r.grace)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
-		return fmt.Errorf("outbox: the sender did not return within RelayOptions.SendTimeout (%v) and %v more; abandoned it: %w", r.opts.SendTimeout, r.grace, sctx.Err())
-	}
+	return outcome{kind: failed, err: err, delay: r.backoff(m.Attempt)}
 }
 
 // backoff returns the delay after the failure of attempt: full jitter over

@@ -7,11 +7,11 @@ import (
 
 // statements are the outbox's SQL, rendered once for its table.
 //
-// As in the store (store/postgres/sql.go): the server's clock is read once
-// per statement with clock_timestamp(), durations arrive as bigint
-// microseconds, and every parameter carries a cast, so the statements also
-// work in pgx's exec and simple-protocol modes (PgBouncer transaction
-// pooling).
+// As in the store (store/postgres/sql.go): times come from the server's
+// clock only, read once per statement (clock_timestamp() in a CTE, or
+// statement_timestamp()), durations arrive as bigint microseconds, and
+// every parameter carries a cast, so the statements also work in pgx's
+// exec and simple-protocol modes (PgBouncer transaction pooling).
 type statements struct {
 	enqueue, enqueueNotify, enqueueKeyed, enqueueKeyedNotify string
 	claim, delivered, record                                 string
@@ -29,7 +29,7 @@ const insertSQL = `INSERT INTO {T} (event_id, topic, ordering_key, payload, head
 		unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])
 			WITH ORDINALITY AS u(event_id, topic, k, payload, headers, ord)
 	ORDER BY u.ord
-	ON CONFLICT (event_id) DO NOTHING`
+`
 
 // lockKeysSQL takes a transaction-scoped advisory lock per distinct
 // ordering key of the events, in a fixed order (so that two enqueues of
@@ -62,16 +62,15 @@ const notifySQL = `SELECT pg_notify('{CH}', '')`
 //
 // $1 batch size, $2 lease µs, $3 max attempts, $4 claim token.
 const claimSQL = `
-WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
-picked AS (
+WITH picked AS (
 	SELECT e.id FROM {T} AS e
-	WHERE e.state = 'pending' AND e.available_at <= (SELECT now FROM c)
+	WHERE e.state = 'pending' AND e.available_at <= statement_timestamp()
 		AND (e.ordering_key IS NULL OR NOT EXISTS (
 			SELECT FROM {T} AS p
 			WHERE p.ordering_key = e.ordering_key AND p.id < e.id AND p.state <> 'delivered'))
 	ORDER BY e.id
 	LIMIT $1::integer
-	FOR UPDATE OF e SKIP LOCKED
+	FOR NO KEY UPDATE OF e SKIP LOCKED
 )
 UPDATE {T} AS e SET
 	state = CASE WHEN e.attempts >= $3::integer THEN 'dead' ELSE 'pending' END,
@@ -80,24 +79,32 @@ UPDATE {T} AS e SET
 		THEN format('attempt %s ended without an outcome: its relay stopped or lost its lease%s',
 			e.attempts, '; the error before it: ' || e.last_error)
 		ELSE e.last_error END,
-	done_at = CASE WHEN e.attempts >= $3::integer THEN c.now END,
-	available_at = c.now + $2::bigint * interval '1 microsecond',
+	done_at = CASE WHEN e.attempts >= $3::integer THEN statement_timestamp() END,
+	available_at = statement_timestamp() + $2::bigint * interval '1 microsecond',
 	claim_token = $4::text
-FROM picked, c
+FROM picked
 WHERE e.id = picked.id
 RETURNING e.id, e.event_id, e.topic, coalesce(e.ordering_key, ''), e.payload, e.headers::text,
 	e.attempts, e.created_at, e.state = 'dead', e.last_error`
 
-// Every event of the batch delivered: the common case, one plain UPDATE.
-// A delivered event is marked so whoever holds it now (its lease may have
-// ended and another relay claimed it): it was delivered.
-// $1 ids.
-const deliveredSQL = `
-UPDATE {T} SET state = 'delivered', done_at = (SELECT clock_timestamp())
-WHERE id = ANY($1::bigint[]) AND state <> 'delivered'`
+// Every event of the batch delivered: the common case, one statement. A
+// delivered event is marked so (or, with Options.DeleteDelivered,
+// deleted) whoever holds it now (its lease may have ended and another
+// relay claimed it): it was delivered. $1 ids.
+const deliveredSQL = `{OK}`
+
+// markDeliveredSQL and deleteDeliveredSQL are {OK}: the events with ids $1
+// that were delivered, as e.
+const (
+	markDeliveredSQL = `
+UPDATE {T} AS e SET state = 'delivered', done_at = (SELECT clock_timestamp())
+WHERE e.id = ANY($1::bigint[]) AND e.state <> 'delivered'`
+	deleteDeliveredSQL = `
+DELETE FROM {T} AS e WHERE e.id = ANY($1::bigint[])`
+)
 
 // The outcome of a batch with failures or events left unsent, in one
-// statement: delivered events as above; failed ones go back to pending
+// statement: delivered events as above (the CTE "ok"); failed ones go back to pending
 // after their backoff (a negative delay: dead at once), or dead when
 // their attempts are used up, keeping the error; unsent ones are released
 // (available at once, their attempt not counted). Failures and releases
@@ -109,11 +116,7 @@ WHERE id = ANY($1::bigint[]) AND state <> 'delivered'`
 // that became dead.
 const recordSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
-ok AS (
-	UPDATE {T} AS e SET state = 'delivered', done_at = c.now
-	FROM c
-	WHERE e.id = ANY($1::bigint[]) AND e.state <> 'delivered'
-),
+ok AS ({OK}),
 unsent AS (
 	UPDATE {T} AS e SET attempts = e.attempts - 1, available_at = c.now
 	FROM c
@@ -157,8 +160,13 @@ WHERE event_id = ANY($1::text[]) AND state = 'dead'`
 // buildStatements renders the statements for the names n, the
 // notification channel (a validated identifier plus hex digits, safe in a
 // literal) and the class of the ordering keys' advisory locks.
-func buildStatements(n objectNames, channel string, class int32) statements {
+func buildStatements(n objectNames, channel string, class int32, deleteDelivered bool) statements {
+	ok := markDeliveredSQL
+	if deleteDelivered {
+		ok = deleteDeliveredSQL
+	}
 	r := strings.NewReplacer("{T}", n.Table, "{CH}", channel, "{CLASS}", strconv.Itoa(int(class)))
+	deliveredSQL, recordSQL := strings.ReplaceAll(deliveredSQL, "{OK}", ok), strings.ReplaceAll(recordSQL, "{OK}", ok)
 	plain := strings.ReplaceAll(insertSQL, "{FROM}", "")
 	keyed := strings.ReplaceAll(insertSQL, "{FROM}", "l, ")
 	return statements{
