@@ -644,3 +644,34 @@ func TestQueryModes(t *testing.T) {
 		})
 	}
 }
+
+// With DeleteDelivered, a delivered event's row is gone at once, also when
+// its batch had failures (the statement that records them deletes the
+// delivered ones), and a dead event is kept.
+func TestDeleteDelivered(t *testing.T) {
+	pool := testPool(t)
+	tb := newTable(t, pool, &outbox.Options{DeleteDelivered: true})
+	rec := newRecorder()
+	rec.setFail(func(m outbox.Message) error {
+		switch {
+		case m.ID == "dead":
+			return idempotency.Permanent(errors.New("no such endpoint"))
+		case m.Attempt == 1 && strings.HasSuffix(m.ID, "odd"):
+			return errors.New("first attempt fails")
+		}
+		return nil
+	})
+	start(t, newRelay(t, tb, rec, outbox.RelayOptions{}))
+	evs := []outbox.Event{{ID: "dead"}}
+	for i := range 10 {
+		evs = append(evs, outbox.Event{ID: fmt.Sprintf("e%d-%s", i, map[bool]string{true: "odd", false: "even"}[i%2 == 1])})
+	}
+	enqueue(t, pool, tb, len(evs), evs)
+	waitFor(t, 10*time.Second, "10 deliveries", func() bool { return len(rec.delivered()) == 10 })
+	waitFor(t, 5*time.Second, "only the dead event left", func() bool {
+		return count(t, pool, "SELECT count(*) FROM "+qualified(tb)) == 1
+	})
+	if d := waitDead(t, tb, 1); d[0].ID != "dead" {
+		t.Fatalf("dead letter %s", d[0].ID)
+	}
+}
