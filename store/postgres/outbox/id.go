@@ -3,7 +3,6 @@ package outbox
 import (
 	crand "crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"time"
 )
 
@@ -21,7 +20,18 @@ func NewEventID() string {
 	crand.Read(b[6:])       // never fails (Go 1.24+)
 	b[6] = b[6]&0x0f | 0x70 // version 7
 	b[8] = b[8]&0x3f | 0x80 // variant 10
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	const digits = "0123456789abcdef"
+	var s [36]byte
+	j := 0
+	for i, c := range b {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			s[j] = '-'
+			j++
+		}
+		s[j], s[j+1] = digits[c>>4], digits[c&0x0f]
+		j += 2
+	}
+	return string(s[:])
 }
 
 // newToken returns 128 random bits as 32 hex digits: a claim's token.

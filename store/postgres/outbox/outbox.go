@@ -343,7 +343,7 @@ func (t *Table) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	n := len(events)
 	ids, topics, keys, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	payloads := make([][]byte, n)
-	keyed := false
+	keyed, headed := false, false
 	for i, e := range events {
 		if err := t.checkEvent(e); err != nil {
 			return fmt.Errorf("%w (event %d of %d; nothing was written)", err, i+1, n)
@@ -364,7 +364,16 @@ func (t *Table) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
 				return invalid("Enqueue: event %d: headers: %v", i+1, err)
 			}
 			headers[i] = string(b)
+			headed = true
 		}
+	}
+	// A column no event uses goes as NULL, which unnest pads with NULLs:
+	// less to encode and to decode.
+	if !keyed {
+		keys = nil
+	}
+	if !headed {
+		headers = nil
 	}
 	sql := t.sql.enqueue
 	switch {
