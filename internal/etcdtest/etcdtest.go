@@ -46,6 +46,7 @@ type Cluster struct {
 	timing  Timing
 	members []*Member
 	initial string
+	token   string // the cluster's --initial-cluster-token
 }
 
 // A Member is one embedded server of a Cluster.
@@ -64,7 +65,7 @@ func Start(tb testing.TB, n int, t Timing) *Cluster {
 	if t.TickMs == 0 {
 		t = Fast
 	}
-	c := &Cluster{tb: tb, timing: t}
+	c := &Cluster{tb: tb, timing: t, token: "idem-" + tb.TempDir()}
 	var initial []string
 	for i := range n {
 		m := &Member{
@@ -121,7 +122,7 @@ func (c *Cluster) start(m *Member, state string) error {
 	cfg.AdvertisePeerUrls = []url.URL{m.PeerURL}
 	cfg.InitialCluster = c.initial
 	cfg.ClusterState = state
-	cfg.InitialClusterToken = "idem-" + m.dir
+	cfg.InitialClusterToken = c.token
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
