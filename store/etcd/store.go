@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -229,7 +230,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		).Then(
 			clientv3.OpPut(k.holder(), holderValue(stateStarted, r.Token), clientv3.WithLease(life)),
 			clientv3.OpPut(k.ident(), meta{attempt: 1, grace: grace, fp: r.Fingerprint}.encode(), clientv3.WithLease(life)),
-			clientv3.OpPut(k.live(), "", clientv3.WithLease(live)),
+			clientv3.OpPut(k.live(), liveValue(r.Lease), clientv3.WithLease(live)),
 		).Else(
 			k.readMeta(),
 			k.readCheckpointNames(),
@@ -269,7 +270,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		case state != stateStarted:
 			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", errCorrupt)
 		case tok != r.Token && rec.live != nil:
-			left, err := s.timeLeft(ctx, clientv3.LeaseID(rec.live.Lease))
+			left, err := s.timeLeft(ctx, rec.live)
 			if err != nil {
 				return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
 			}
@@ -289,7 +290,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			m = meta{attempt: rec.meta.attempt + 1, grace: grace, fence: rec.rev + 1, fp: r.Fingerprint}
 			newHolder, fence = holderValue(stateStarted, r.Token), m.fence
 		}
-		res, ok, err := s.reacquire(ctx, k, rec, newHolder, m, live, life)
+		res, ok, err := s.reacquire(ctx, k, rec, newHolder, m, r.Lease, live, life)
 		if isLeaseNotFound(err) {
 			s.leases.forget(live, life)
 			continue
@@ -330,7 +331,7 @@ type reacquired struct {
 // life lease, and a new live marker. A takeover also requires the live
 // marker absent, so the lease ended as the server judges it. It returns
 // ok false when the record changed (the caller decides again).
-func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, newHolder string, m meta, live, life clientv3.LeaseID) (reacquired, bool, error) {
+func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, newHolder string, m meta, leaseLen time.Duration, live, life clientv3.LeaseID) (reacquired, bool, error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.holder()), "=", rec.holder.ModRevision)}
 	ops := make([]clientv3.Op, 0, 4+len(rec.names))
 	if newHolder != "" {
@@ -341,7 +342,7 @@ func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, newHold
 	}
 	ops = append(ops,
 		clientv3.OpPut(k.ident(), m.encode(), clientv3.WithLease(life)),
-		clientv3.OpPut(k.live(), "", clientv3.WithLease(live)),
+		clientv3.OpPut(k.live(), liveValue(leaseLen), clientv3.WithLease(live)),
 	)
 	for _, n := range rec.names {
 		ops = append(ops, clientv3.OpPut(k.checkpoint(n), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)))
@@ -363,11 +364,13 @@ func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, newHold
 	return out, true, nil
 }
 
-// timeLeft asks the server how long the lease has left: etcd reports whole
-// seconds, rounded down, so half a second is added. Zero or less means the
-// lease has ended.
-func (s *Store) timeLeft(ctx context.Context, id clientv3.LeaseID) (time.Duration, error) {
-	resp, err := s.client.TimeToLive(ctx, id)
+// timeLeft asks the server how long the live marker's lease has left:
+// etcd reports whole seconds, rounded down, so half a second is added, and
+// the answer is at most the length of the lease the holder asked for (the
+// marker's value), as a shared lease may outlast it. Zero or less means
+// the lease has ended.
+func (s *Store) timeLeft(ctx context.Context, live *mvccpb.KeyValue) (time.Duration, error) {
+	resp, err := s.client.TimeToLive(ctx, clientv3.LeaseID(live.Lease))
 	if err != nil {
 		if isLeaseNotFound(err) {
 			return 0, nil
@@ -377,7 +380,17 @@ func (s *Store) timeLeft(ctx context.Context, id clientv3.LeaseID) (time.Duratio
 	if resp.TTL < 0 {
 		return 0, nil
 	}
-	return time.Duration(resp.TTL)*time.Second + time.Second/2, nil
+	left := time.Duration(resp.TTL)*time.Second + time.Second/2
+	if asked, err := strconv.ParseInt(string(live.Value), 10, 64); err == nil && asked > 0 {
+		left = min(left, time.Duration(asked)*time.Millisecond)
+	}
+	return left, nil
+}
+
+// liveValue is the live marker's value: the length of the lease the holder
+// asked for, in milliseconds (rounded up).
+func liveValue(lease time.Duration) string {
+	return strconv.FormatInt(int64(ceilMillis(lease)/time.Millisecond), 10)
 }
 
 // Renew implements [idempotency.Store]: one transaction that commits only
@@ -416,7 +429,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 		ops = append(ops,
 			clientv3.OpPut(k.holder(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)),
 			clientv3.OpPut(k.ident(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)),
-			clientv3.OpPut(k.live(), "", clientv3.WithLease(live)),
+			clientv3.OpPut(k.live(), liveValue(lease), clientv3.WithLease(live)),
 		)
 		for _, n := range st.names {
 			ops = append(ops, clientv3.OpPut(k.checkpoint(n), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)))
@@ -446,11 +459,12 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 
 // Checkpoint implements [idempotency.Store]: one transaction that writes
 // the value on the record's life lease if the holder key holds token and
-// is on that lease (the store remembers the lease from the holder's claim
-// or renewal; when it does not, or the lease moved, the transaction reads
-// the holder key instead and a second one writes). It also rewrites the
-// holder key in place, so that a renewal or takeover that read the record
-// before it does not commit without re-attaching the new checkpoint.
+// is unchanged since the store last wrote or read it (so the store knows
+// the lease and every checkpoint name; when it does not, or the record
+// changed, the transaction reads the record instead and a second one
+// writes). It also rewrites the holder key in place, so that a renewal or
+// takeover that read the record before it does not commit without
+// re-attaching the new checkpoint.
 func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -465,8 +479,8 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 			return fmt.Errorf("%w: etcd store: checkpoint %q would be the record's %dth, above MaxCheckpoints %d", idempotency.ErrTooLarge, name, len(st.names)+1, s.maxCheckpoints)
 		}
 		resp, err := s.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(k.holder()), "=", st.hRev),
 			clientv3.Compare(clientv3.Value(k.holder()), "=", holderValue(stateStarted, token)),
-			clientv3.Compare(clientv3.LeaseValue(k.holder()), "=", st.lease),
 		).Then(
 			clientv3.OpPut(k.checkpoint(name), string(value), clientv3.WithLease(st.lease)),
 			clientv3.OpPut(k.holder(), "", clientv3.WithIgnoreValue(), clientv3.WithIgnoreLease()),
