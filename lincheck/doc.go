@@ -6,7 +6,8 @@
 // many goroutines against a handful of keys of a real store (store/memory
 // in process, store/postgres at IDEM_POSTGRES_URL, store/redis at
 // IDEM_REDIS_ADDR and on the Redis Cluster at IDEM_REDIS_CLUSTER_ADDRS,
-// store/etcd at IDEM_ETCD_ENDPOINTS and on an embedded etcd 3.6),
+// store/etcd at IDEM_ETCD_ENDPOINTS and on an embedded etcd 3.6, store/mongo
+// at IDEM_MONGO_URI),
 // record when every operation was called and when it returned, and ask
 // porcupine whether some order of the operations, each taking effect at one
 // instant between its call and its return, explains every observed output

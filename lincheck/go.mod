@@ -7,11 +7,13 @@ require (
 	github.com/exactlyonce/idempotency v0.1.0
 	github.com/exactlyonce/idempotency/internal/etcdtest v0.1.0
 	github.com/exactlyonce/idempotency/store/etcd v0.1.0
+	github.com/exactlyonce/idempotency/store/mongo v0.1.0
 	github.com/exactlyonce/idempotency/store/postgres v0.1.0
 	github.com/exactlyonce/idempotency/store/redis v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.6.16
+	go.mongodb.org/mongo-driver/v2 v2.10.0
 	go.uber.org/zap v1.27.0
 )
 
@@ -39,7 +41,7 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
-	github.com/klauspost/compress v1.18.7 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/client_golang v1.20.5 // indirect
 	github.com/prometheus/client_model v0.6.1 // indirect
@@ -49,7 +51,10 @@ require (
 	github.com/soheilhy/cmux v0.1.5 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/tmc/grpc-websocket-proxy v0.0.0-20201229170055-e5319fda7802 // indirect
+	github.com/xdg-go/scram v1.4.0 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
 	github.com/xiang90/probing v0.0.0-20190116061207-43a291ad63a2 // indirect
+	github.com/youmark/pkcs8 v0.0.0-20240726163527-a2c0da244d78 // indirect
 	go.etcd.io/bbolt v1.4.3 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.6.16 // indirect
@@ -89,6 +94,7 @@ replace (
 	github.com/exactlyonce/idempotency => ../
 	github.com/exactlyonce/idempotency/internal/etcdtest => ../internal/etcdtest
 	github.com/exactlyonce/idempotency/store/etcd => ../store/etcd
+	github.com/exactlyonce/idempotency/store/mongo => ../store/mongo
 	github.com/exactlyonce/idempotency/store/postgres => ../store/postgres
 	github.com/exactlyonce/idempotency/store/redis => ../store/redis
 )
