@@ -49,8 +49,9 @@ const ttlIndexName = "idem_expiry"
 // driverCollection sends the commands with the Go driver.
 type driverCollection struct {
 	// writes carries the store's write concern, reads its read concern,
-	// local read concern "local", all with primary read preference.
-	writes, reads, local *mongo.Collection
+	// local read concern "local" and stream read concern "majority" (what
+	// a change stream delivers anyway), all with primary read preference.
+	writes, reads, local, stream *mongo.Collection
 }
 
 func newDriverCollection(c *mongo.Collection, o *Options) *driverCollection {
@@ -58,7 +59,12 @@ func newDriverCollection(c *mongo.Collection, o *Options) *driverCollection {
 	c = c.Clone(opts)
 	// local is for Watch: it must see a write the moment the primary
 	// applied it (see watch.go).
-	return &driverCollection{writes: c, reads: c, local: c.Clone(options.Collection().SetReadConcern(readconcern.Local()))}
+	return &driverCollection{
+		writes: c,
+		reads:  c,
+		local:  c.Clone(options.Collection().SetReadConcern(readconcern.Local())),
+		stream: c.Clone(options.Collection().SetReadConcern(readconcern.Majority())),
+	}
 }
 
 func (d *driverCollection) findOneAndUpdate(ctx context.Context, filter bson.D, pipeline bson.A, let bson.D) (bson.Raw, error) {

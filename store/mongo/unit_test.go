@@ -769,3 +769,50 @@ func TestRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchVersion checks what Watch compares: only a live started
+// record has a version, made of its holder and fence.
+func TestWatchVersion(t *testing.T) {
+	s, m, clock := modelStore(t, nil)
+	read := func(key string) version {
+		raw, err := m.findOne(bg, keyFilter(key), watchProjection())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw == nil {
+			return version{}
+		}
+		return watchVersion(raw)
+	}
+	if v := read("k"); v.started {
+		t.Errorf("absent record: %+v", v)
+	}
+	first := claimOK(t, s, "k", "fp", "a", time.Second, time.Hour)
+	v1 := read("k")
+	if !v1.started || v1.token != "a" || v1.fence != first.Fence {
+		t.Errorf("started record: %+v", v1)
+	}
+	if err := s.Renew(bg, "k", "a", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Checkpoint(bg, "k", "a", "c", nil); err != nil {
+		t.Fatal(err)
+	}
+	if v := read("k"); v != v1 {
+		t.Errorf("a renewal and a checkpoint changed the version: %+v, was %+v", v, v1)
+	}
+	clock.Advance(2 * time.Second)
+	claimOK(t, s, "k", "fp", "b", time.Second, time.Hour)
+	if v := read("k"); v == v1 || v.token != "b" {
+		t.Errorf("a takeover left the version: %+v", v)
+	}
+	if err := s.Complete(bg, "k", "b", nil, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if v := read("k"); v.started {
+		t.Errorf("completed record: %+v", v)
+	}
+	if got := watchPipeline("$x.y"); compare(got, bson.A{bson.D{{Key: "$match", Value: bson.D{{Key: "documentKey._id", Value: "$x.y"}}}}}) != 0 {
+		t.Errorf("watch pipeline %v", got)
+	}
+}

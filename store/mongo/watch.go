@@ -59,11 +59,12 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 		}
 		opts.SetStartAtOperationTime(&start)
 	}
-	cs, err := coll.Watch(ctx, watchPipeline(key), opts)
+	stream := s.drv.stream
+	cs, err := stream.Watch(ctx, watchPipeline(key), opts)
 	if t := sess.OperationTime(); err != nil && t != nil && isCode(err, codeChangeStreamHistoryLost) {
 		// The oplog does not reach back a second (a new deployment): start
 		// at the read itself.
-		cs, err = coll.Watch(ctx, watchPipeline(key), options.ChangeStream().SetStartAtOperationTime(t))
+		cs, err = stream.Watch(ctx, watchPipeline(key), options.ChangeStream().SetStartAtOperationTime(t))
 	}
 	if err != nil {
 		return s.fail(ctx, "watch", err)
@@ -93,7 +94,7 @@ type version struct {
 
 // readVersion reads the record's version by the server's clock.
 func (s *Store) readVersion(ctx context.Context, coll *mongo.Collection, key string) (version, error) {
-	raw, err := coll.FindOne(ctx, keyFilter(key), options.FindOne().SetProjection(readProjection())).Raw()
+	raw, err := coll.FindOne(ctx, keyFilter(key), options.FindOne().SetProjection(watchProjection())).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return version{}, nil
 	}
@@ -103,7 +104,18 @@ func (s *Store) readVersion(ctx context.Context, coll *mongo.Collection, key str
 	return watchVersion(raw), nil
 }
 
-// watchVersion extracts the version from a document read with readProjection.
+// watchProjection is what Watch reads of a record: enough for its version.
+func watchProjection() bson.D {
+	return bson.D{
+		{Key: fieldState, Value: 1},
+		{Key: fieldToken, Value: 1},
+		{Key: fieldFence, Value: 1},
+		{Key: "live", Value: exprLive()},
+	}
+}
+
+// watchVersion extracts the version from a document read with
+// watchProjection.
 func watchVersion(doc bson.Raw) version {
 	live, _ := doc.Lookup("live").BooleanOK()
 	state, _ := doc.Lookup(fieldState).StringValueOK()
