@@ -220,6 +220,10 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	start := time.Now()
 	k := s.keys(r.Key)
 	grace := ceilMillis(r.Grace)
+	// The checkpoint names, read only when a repeat or a takeover needs
+	// them, as of the holder key's revision namesAt.
+	var names []string
+	namesAt := int64(-1)
 	for range maxCAS {
 		live, life, err := s.twoLeases(ctx, r.Lease, r.Lease+grace, start)
 		if err != nil {
@@ -231,10 +235,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			clientv3.OpPut(k.holder(), holderValue(stateStarted, r.Token), clientv3.WithLease(life)),
 			clientv3.OpPut(k.ident(), meta{attempt: 1, grace: grace, fp: r.Fingerprint}.encode(), clientv3.WithLease(life)),
 			clientv3.OpPut(k.live(), liveValue(r.Lease), clientv3.WithLease(live)),
-		).Else(
-			k.readMeta(),
-			k.readCheckpointNames(),
-		).Commit()
+		).Else(k.readMeta()).Commit()
 		if isLeaseNotFound(err) {
 			s.leases.forget(live, life)
 			continue
@@ -246,7 +247,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			s.holders.put(r.Key, r.Token, holderState{hRev: resp.Header.Revision, lease: life, grace: grace, known: true})
 			return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: resp.Header.Revision, Attempt: 1}, nil
 		}
-		rec, err := parseTxn(resp, k)
+		rec, err := parseRecord(resp.Header.Revision, resp.Responses[0].GetResponseRange(), nil, k)
 		if err != nil {
 			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
 		}
@@ -290,7 +291,11 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			m = meta{attempt: rec.meta.attempt + 1, grace: grace, fence: rec.rev + 1, fp: r.Fingerprint}
 			newHolder, fence = holderValue(stateStarted, r.Token), m.fence
 		}
-		res, ok, err := s.reacquire(ctx, k, rec, newHolder, m, r.Lease, live, life)
+		known := rec.holder.ModRevision == namesAt
+		if known {
+			rec.names = names
+		}
+		res, ok, err := s.reacquire(ctx, k, rec, known, newHolder, m, r.Lease, live, life)
 		if isLeaseNotFound(err) {
 			s.leases.forget(live, life)
 			continue
@@ -299,7 +304,12 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
 		}
 		if !ok {
-			continue // the record changed since it was read: decide again
+			// The record changed since it was read, or has checkpoints the
+			// store did not know of: decide again.
+			if res.read != nil && res.read.holder != nil {
+				names, namesAt = res.read.names, res.read.holder.ModRevision
+			}
+			continue
 		}
 		s.holders.put(r.Key, r.Token, holderState{hRev: res.rev, lease: life, grace: grace, names: rec.names, known: true})
 		return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: fence, Attempt: m.attempt, Checkpoints: res.checkpoints}, nil
@@ -319,20 +329,30 @@ func (s *Store) twoLeases(ctx context.Context, live, life time.Duration, start t
 	return liveID, lifeID, errors.Join(liveErr, lifeErr)
 }
 
-// reacquired is what a repeat or a takeover wrote.
+// reacquired is what a repeat or a takeover wrote, or, when it wrote
+// nothing, what it read instead.
 type reacquired struct {
 	rev         int64
 	checkpoints map[string][]byte
+	read        *record
 }
 
 // reacquire rewrites the record rec read, if it is unchanged since: the
 // holder key (to newHolder for a takeover; as it is for a repeat, when
 // newHolder is empty), the identity m, every checkpoint re-attached to the
-// life lease, and a new live marker. A takeover also requires the live
-// marker absent, so the lease ended as the server judges it. It returns
-// ok false when the record changed (the caller decides again).
-func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, newHolder string, m meta, leaseLen time.Duration, live, life clientv3.LeaseID) (reacquired, bool, error) {
+// life lease, and a new live marker for a lease of leaseLen. A takeover
+// also requires the live marker absent, so the lease ended as the server
+// judges it. When the checkpoint names are not known (namesKnown false),
+// it requires that there be none, and otherwise reads them. It returns ok
+// false when the record changed (the caller decides again).
+func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, namesKnown bool, newHolder string, m meta, leaseLen time.Duration, live, life clientv3.LeaseID) (reacquired, bool, error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.holder()), "=", rec.holder.ModRevision)}
+	var orElse []clientv3.Op
+	if !namesKnown {
+		rec.names = nil
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.cpStart()), "=", 0).WithRange(k.cpEnd()))
+		orElse = []clientv3.Op{k.readMeta(), k.readCheckpointNames()}
+	}
 	ops := make([]clientv3.Op, 0, 4+len(rec.names))
 	if newHolder != "" {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.live()), "=", 0))
@@ -350,9 +370,16 @@ func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, newHold
 	if len(rec.names) > 0 {
 		ops = append(ops, clientv3.OpGet(k.cpStart(), clientv3.WithRange(k.cpEnd())))
 	}
-	resp, err := s.client.Txn(ctx).If(cmps...).Then(ops...).Commit()
-	if err != nil || !resp.Succeeded {
+	resp, err := s.client.Txn(ctx).If(cmps...).Then(ops...).Else(orElse...).Commit()
+	if err != nil {
 		return reacquired{}, false, err
+	}
+	if !resp.Succeeded {
+		if namesKnown {
+			return reacquired{}, false, nil
+		}
+		read, err := parseTxn(resp, k)
+		return reacquired{read: &read}, false, err
 	}
 	out := reacquired{rev: resp.Header.Revision}
 	if len(rec.names) > 0 {
@@ -623,6 +650,8 @@ func parseTxn(resp *clientv3.TxnResponse, k recordKeys) (record, error) {
 	return parseRecord(resp.Header.Revision, resp.Responses[0].GetResponseRange(), resp.Responses[1].GetResponseRange(), k)
 }
 
+// parseRecord parses the record from a read of its meta range and of its
+// checkpoint names (cpRange nil when they were not read).
 func parseRecord(rev int64, metaRange, cpRange interface {
 	GetKvs() []*mvccpb.KeyValue
 }, k recordKeys) (record, error) {
@@ -639,8 +668,10 @@ func parseRecord(rev int64, metaRange, cpRange interface {
 			rec.result = kv
 		}
 	}
-	for _, kv := range cpRange.GetKvs() {
-		rec.names = append(rec.names, strings.TrimPrefix(string(kv.Key), k.cpStart()))
+	if cpRange != nil { // nil: the names were not read
+		for _, kv := range cpRange.GetKvs() {
+			rec.names = append(rec.names, strings.TrimPrefix(string(kv.Key), k.cpStart()))
+		}
 	}
 	if rec.holder == nil {
 		return rec, nil

@@ -16,6 +16,7 @@ var colors = map[string]string{
 	bench.Postgres:     "#4e79a7",
 	bench.Redis:        "#e15759",
 	bench.RedisCluster: "#f28e2b",
+	bench.Etcd:         "#59a14f",
 }
 
 // chart draws the throughput of rows as grouped bars, one group per

@@ -31,10 +31,11 @@ const (
 	Postgres     = "postgres"
 	Redis        = "redis"
 	RedisCluster = "redis-cluster"
+	Etcd         = "etcd"
 )
 
 // Backends lists every backend, in order.
-var Backends = []string{Memory, Postgres, Redis, RedisCluster}
+var Backends = []string{Memory, Postgres, Redis, RedisCluster, Etcd}
 
 // ErrNotConfigured is returned by [Open] for a backend whose server
 // variable is unset.
@@ -50,6 +51,8 @@ func Var(backend string) string {
 		return "IDEM_REDIS_ADDR"
 	case RedisCluster:
 		return "IDEM_REDIS_CLUSTER_ADDRS"
+	case Etcd:
+		return "IDEM_ETCD_ENDPOINTS"
 	}
 	return ""
 }
@@ -124,6 +127,8 @@ func Open(ctx context.Context, backend string) (*Backend, error) {
 		err = b.openRedis(ctx, goredis.NewClient(&goredis.Options{Addr: val}))
 	case RedisCluster:
 		err = b.openRedis(ctx, goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(val, ",")}))
+	case Etcd:
+		err = b.openEtcd(ctx, strings.Split(val, ","))
 	default:
 		return nil, fmt.Errorf("bench: unknown backend %q (want one of %v)", backend, Backends)
 	}

@@ -1,0 +1,152 @@
+package benchmarks_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/benchmarks/internal/bench"
+	idemetcd "github.com/exactlyonce/idempotency/store/etcd"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// BenchmarkEtcdFloor compares Do on the etcd store with a raw floor on the
+// same server and the same client: the same number of plain etcd
+// transactions, each the least a hand-written check could do,
+//
+//	If(CreateRevision(k) = 0) Then(Put(k, 200-byte value)) Else(Get(k))
+//
+// two per fresh Do (a claim and a completion), one per replay. Chunks of
+// Do and of the floor alternate, from 1 and from 16 goroutines, so both
+// see the same load. ns/op is Do's; raw-ns/op the floor's; ratio is
+// raw-ns/op ÷ ns/op (1 means Do costs no more than the plain
+// transactions; the target is 0.9); roundtrips/op counts Do's unary calls
+// (transactions, lease grants, TimeToLive).
+//
+//	go test -run '^$' -bench EtcdFloor -benchtime 2000x ./benchmarks/
+func BenchmarkEtcdFloor(b *testing.B) {
+	eps := os.Getenv(bench.Var(bench.Etcd))
+	if eps == "" {
+		b.Fatalf("%s is not set: run scripts/test.sh or start scripts/servers/etcd.sh", bench.Var(bench.Etcd))
+	}
+	for _, op := range []string{"fresh", "replay"} {
+		for _, callers := range []int{1, 16} {
+			b.Run(fmt.Sprintf("op=%s/callers=%d", op, callers), func(b *testing.B) {
+				etcdFloor(b, strings.Split(eps, ","), op, callers)
+			})
+		}
+	}
+}
+
+func etcdFloor(b *testing.B, endpoints []string, op string, callers int) {
+	var trips atomic.Int64
+	c, err := bench.EtcdClient(endpoints, &trips)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	prefix := "idem-floor-" + bench.RandomHex(6) + "/"
+	defer c.Delete(context.Background(), prefix, clientv3.WithPrefix())
+	s, err := idemetcd.New(c, &idemetcd.Options{Prefix: prefix + "store/"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := idempotency.New(s, idempotency.WithRetention(10*time.Minute))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	value := strings.Repeat("v", bench.ResultSize)
+	fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
+	raw := func(key string) error {
+		k := prefix + "raw/" + key
+		_, err := c.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, value)).Else(clientv3.OpGet(k)).Commit()
+		return err
+	}
+	do := func(key string) error {
+		res, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"bench"}, Key: key}, fn)
+		if err == nil && res.Replayed != (op == "replay") {
+			err = fmt.Errorf("Do of %s: replayed %v in the %s workload", key, res.Replayed, op)
+		}
+		return err
+	}
+	// Replays read one completed key per goroutine; warm-up grants the
+	// leases the measured calls share and opens the connection.
+	for g := range callers {
+		if err := do(fmt.Sprintf("warm-%d", g)); err != nil && op == "fresh" {
+			b.Fatal(err)
+		}
+		if op == "replay" {
+			if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"bench"}, Key: fmt.Sprintf("hot-%d", g)}, fn); err != nil {
+				b.Fatal(err)
+			}
+			if err := raw(fmt.Sprintf("hot-%d", g)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	// run makes n calls of f from callers goroutines and returns the time.
+	run := func(n, base int, f func(g, i int) error) time.Duration {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var failed atomic.Pointer[error]
+		start := time.Now()
+		for g := range callers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= n {
+						return
+					}
+					if err := f(g, base+i); err != nil {
+						failed.CompareAndSwap(nil, &err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if e := failed.Load(); e != nil {
+			b.Fatal(*e)
+		}
+		return time.Since(start)
+	}
+	doOne := func(g, i int) error {
+		if op == "replay" {
+			return do(fmt.Sprintf("hot-%d", g))
+		}
+		return do(fmt.Sprintf("k%d", i))
+	}
+	rawOne := func(g, i int) error {
+		if op == "replay" {
+			return raw(fmt.Sprintf("hot-%d", g))
+		}
+		if err := raw(fmt.Sprintf("k%d-claim", i)); err != nil {
+			return err
+		}
+		return raw(fmt.Sprintf("k%d-complete", i))
+	}
+	chunk := max(50, 10*callers)
+	var doTime, rawTime time.Duration
+	var doTrips int64
+	b.ResetTimer()
+	for done := 0; done < b.N; done += chunk {
+		n := min(chunk, b.N-done)
+		t0 := trips.Load()
+		doTime += run(n, done, doOne)
+		doTrips += trips.Load() - t0
+		rawTime += run(n, done, rawOne)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(doTime.Nanoseconds())/float64(b.N), "ns/op")
+	b.ReportMetric(float64(rawTime.Nanoseconds())/float64(b.N), "raw-ns/op")
+	b.ReportMetric(float64(rawTime)/float64(doTime), "ratio")
+	b.ReportMetric(float64(doTrips)/float64(b.N), "roundtrips/op")
+}
