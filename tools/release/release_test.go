@@ -270,6 +270,17 @@ func TestCheckFindsProblems(t *testing.T) {
 		{"requires an unpublished module", map[string]string{
 			"store/kv/go.mod": good["store/kv/go.mod"] + "require " + rootPath + "/examples v0.3.0\n",
 		}, "never published"},
+		{"an unpublished module requires another without a replace", map[string]string{
+			"go.work":                strings.Replace(good["go.work"], "./examples\n", "./examples\n\t./internal/kvtest\n", 1),
+			"internal/kvtest/go.mod": "module " + rootPath + "/internal/kvtest\n\ngo 1.26.0\n",
+			"examples/go.mod":        good["examples/go.mod"] + "require " + rootPath + "/internal/kvtest v0.3.0\n",
+		}, "never published"},
+		{"an unpublished module requires another through a replace", map[string]string{
+			"go.work":                strings.Replace(good["go.work"], "./examples\n", "./examples\n\t./internal/kvtest\n", 1),
+			"internal/kvtest/go.mod": "module " + rootPath + "/internal/kvtest\n\ngo 1.26.0\n",
+			"examples/go.mod": good["examples/go.mod"] + "require " + rootPath + "/internal/kvtest v0.3.0\n" +
+				"replace " + rootPath + "/internal/kvtest => ../internal/kvtest\n",
+		}, ""},
 		{"module missing from go.work", map[string]string{
 			"store/other/go.mod": "module " + rootPath + "/store/other\n\ngo 1.26.0\n",
 		}, "not listed in go.work"},
