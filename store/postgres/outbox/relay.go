@@ -318,7 +318,13 @@ type item struct {
 func (r *Relay) batch(ctx context.Context) (claimed, sent int, retryIn time.Duration, err error) {
 	token := newToken()
 	start := time.Now()
-	batch, out, err := r.claim(ctx, token)
+	// The claim is not canceled with ctx: a canceled statement may still
+	// commit on the server (its bytes were sent; the server runs them
+	// even after the client hung up), and its batch would then stay
+	// leased with nobody to send it. Run to its end (bounded by
+	// Options.Timeout), a batch claimed after ctx is done is released at
+	// once below.
+	batch, out, err := r.claim(context.WithoutCancel(ctx), token)
 	if err != nil || len(batch) == 0 {
 		return 0, 0, 0, err
 	}
