@@ -9,5 +9,7 @@
 // The servers come from IDEM_POSTGRES_URL, IDEM_REDIS_ADDR and
 // IDEM_REDIS_CLUSTER_ADDRS (scripts/test.sh starts them; so do
 // scripts/servers/*.sh start DIR). A backend whose variable is unset fails;
-// it is never skipped. See README.md for the figures of one run.
+// it is never skipped, except MongoDB when scripts/servers/mongo.sh said no
+// server could be had (IDEM_MONGO_ABSENT; scripts/test.sh then says so
+// loudly). See README.md for the figures of one run.
 package benchmarks

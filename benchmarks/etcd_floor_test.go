@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,61 +91,20 @@ func etcdFloor(b *testing.B, endpoints []string, op string, callers int) {
 			}
 		}
 	}
-	// run makes n calls of f from callers goroutines and returns the time.
-	run := func(n, base int, f func(g, i int) error) time.Duration {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		var failed atomic.Pointer[error]
-		start := time.Now()
-		for g := range callers {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= n {
-						return
-					}
-					if err := f(g, base+i); err != nil {
-						failed.CompareAndSwap(nil, &err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		if e := failed.Load(); e != nil {
-			b.Fatal(*e)
-		}
-		return time.Since(start)
-	}
-	doOne := func(g, i int) error {
-		if op == "replay" {
-			return do(fmt.Sprintf("hot-%d", g))
-		}
-		return do(fmt.Sprintf("k%d", i))
-	}
-	rawOne := func(g, i int) error {
-		if op == "replay" {
-			return raw(fmt.Sprintf("hot-%d", g))
-		}
-		if err := raw(fmt.Sprintf("k%d-claim", i)); err != nil {
-			return err
-		}
-		return raw(fmt.Sprintf("k%d-complete", i))
-	}
-	chunk := max(50, 10*callers)
-	var doTime, rawTime time.Duration
-	var doTrips int64
-	b.ResetTimer()
-	for done := 0; done < b.N; done += chunk {
-		n := min(chunk, b.N-done)
-		t0 := trips.Load()
-		doTime += run(n, done, doOne)
-		doTrips += trips.Load() - t0
-		rawTime += run(n, done, rawOne)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(doTime.Nanoseconds())/float64(b.N), "ns/op")
-	b.ReportMetric(float64(rawTime.Nanoseconds())/float64(b.N), "raw-ns/op")
-	b.ReportMetric(float64(rawTime)/float64(doTime), "ratio")
-	b.ReportMetric(float64(doTrips)/float64(b.N), "roundtrips/op")
+	bench.Floor(b, callers, &trips,
+		func(g, i int) error {
+			if op == "replay" {
+				return do(fmt.Sprintf("hot-%d", g))
+			}
+			return do(fmt.Sprintf("k%d", i))
+		},
+		func(g, i int) error {
+			if op == "replay" {
+				return raw(fmt.Sprintf("hot-%d", g))
+			}
+			if err := raw(fmt.Sprintf("k%d-claim", i)); err != nil {
+				return err
+			}
+			return raw(fmt.Sprintf("k%d-complete", i))
+		})
 }

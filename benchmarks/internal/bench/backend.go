@@ -32,14 +32,21 @@ const (
 	Redis        = "redis"
 	RedisCluster = "redis-cluster"
 	Etcd         = "etcd"
+	Mongo        = "mongo"
 )
 
 // Backends lists every backend, in order.
-var Backends = []string{Memory, Postgres, Redis, RedisCluster, Etcd}
+var Backends = []string{Memory, Postgres, Redis, RedisCluster, Etcd, Mongo}
 
 // ErrNotConfigured is returned by [Open] for a backend whose server
 // variable is unset.
 var ErrNotConfigured = errors.New("bench: server variable not set")
+
+// ErrAbsent is returned by [Open], besides [ErrNotConfigured], for a
+// backend whose server could not be had anywhere, as its server script
+// said (MongoDB without a Docker daemon: IDEM_MONGO_ABSENT). Callers may
+// skip it; scripts/test.sh says loudly that it did not run.
+var ErrAbsent = errors.New("bench: no server could be had")
 
 // Var returns the environment variable that gives the server of backend,
 // or "" for the memory store, which needs none.
@@ -53,6 +60,17 @@ func Var(backend string) string {
 		return "IDEM_REDIS_CLUSTER_ADDRS"
 	case Etcd:
 		return "IDEM_ETCD_ENDPOINTS"
+	case Mongo:
+		return "IDEM_MONGO_URI"
+	}
+	return ""
+}
+
+// absentVar returns the variable in which a server script gives the
+// reason why backend's server could not be had, or "".
+func absentVar(backend string) string {
+	if backend == Mongo {
+		return "IDEM_MONGO_ABSENT"
 	}
 	return ""
 }
@@ -109,6 +127,9 @@ func Open(ctx context.Context, backend string) (*Backend, error) {
 	if v != "" {
 		val = os.Getenv(v)
 		if val == "" {
+			if a := absentVar(backend); a != "" && os.Getenv(a) != "" {
+				return nil, fmt.Errorf("%w: %w: %s is not set for backend %s (%s): %s", ErrNotConfigured, ErrAbsent, v, backend, os.Getenv(a), howTo(backend))
+			}
 			return nil, fmt.Errorf("%w: %s is not set for backend %s: %s", ErrNotConfigured, v, backend, howTo(backend))
 		}
 	}
@@ -129,6 +150,8 @@ func Open(ctx context.Context, backend string) (*Backend, error) {
 		err = b.openRedis(ctx, goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(val, ",")}))
 	case Etcd:
 		err = b.openEtcd(ctx, strings.Split(val, ","))
+	case Mongo:
+		err = b.openMongo(ctx, val)
 	default:
 		return nil, fmt.Errorf("bench: unknown backend %q (want one of %v)", backend, Backends)
 	}

@@ -1,0 +1,57 @@
+package bench
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Floor measures Do against a raw floor on the same server: chunks of n
+// calls of do and of raw alternate, from callers goroutines each, so that
+// both see the same load. do(g, i) and raw(g, i) make call i from
+// goroutine g. It reports ns/op (Do's), raw-ns/op (the floor's), ratio =
+// raw-ns/op ÷ ns/op, and roundtrips/op of Do as counted in trips.
+func Floor(b *testing.B, callers int, trips *atomic.Int64, do, raw func(g, i int) error) {
+	run := func(n, base int, f func(g, i int) error) time.Duration {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var failed atomic.Pointer[error]
+		start := time.Now()
+		for g := range callers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= n {
+						return
+					}
+					if err := f(g, base+i); err != nil {
+						failed.CompareAndSwap(nil, &err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if e := failed.Load(); e != nil {
+			b.Fatal(*e)
+		}
+		return time.Since(start)
+	}
+	chunk := max(50, 10*callers)
+	var doTime, rawTime time.Duration
+	var doTrips int64
+	b.ResetTimer()
+	for done := 0; done < b.N; done += chunk {
+		n := min(chunk, b.N-done)
+		t0 := trips.Load()
+		doTime += run(n, done, do)
+		doTrips += trips.Load() - t0
+		rawTime += run(n, done, raw)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(doTime.Nanoseconds())/float64(b.N), "ns/op")
+	b.ReportMetric(float64(rawTime.Nanoseconds())/float64(b.N), "raw-ns/op")
+	b.ReportMetric(float64(rawTime)/float64(doTime), "ratio")
+	b.ReportMetric(float64(doTrips)/float64(b.N), "roundtrips/op")
+}
