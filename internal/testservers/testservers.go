@@ -115,9 +115,9 @@ var Specs = map[string]Spec{
 		},
 	},
 	"etcd": {
-		Repository: "quay.io/coreos/etcd", Tag: "v3.6.5",
-		Cmd: []string{"etcd", "--listen-client-urls", "http://0.0.0.0:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
-			"--unsafe-no-fsync"},
+		Repository: "quay.io/coreos/etcd", Tag: "v3.6.16", // the client's version
+		Cmd: []string{"etcd", "--data-dir", "/tmp/etcd", "--listen-client-urls", "http://0.0.0.0:2379",
+			"--advertise-client-urls", "http://127.0.0.1:2379", "--unsafe-no-fsync"},
 		Port:  "2379/tcp",
 		Ready: httpReady("/health", `"health":"true"`),
 		Exports: func(hp string) map[string]string {
