@@ -22,9 +22,9 @@ if [ -z "$cmd" ] || [ -z "$dir" ]; then
   echo "usage: $0 start|stop DIR" >&2
   exit 2
 fi
-cd "$(dirname "$0")/../.."
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
+cd "$(dirname "$0")/../.."
 
 # Built rather than run with "go run", which turns every failing exit
 # status into 1: status 3 means "no Docker daemon".
