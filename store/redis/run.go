@@ -40,15 +40,16 @@ func (s *Store) node(ctx context.Context, key string) (pipeliner, error) {
 	return nil, fmt.Errorf("redis store: cannot WAIT with a %T", s.client)
 }
 
-// run runs sc on key, through [do], so that it ends when ctx does or when
-// a dial for it fails. Scripts go through EVALSHA, and through EVAL after a
+// run runs sc on keys (which share a hash tag; the first one routes the
+// call), through [do], so that it ends when ctx does or when a dial for it
+// fails. Scripts go through EVALSHA, and through EVAL after a
 // NOSCRIPT reply (a server restarted or flushed its script cache): both
 // are safe to repeat, as every operation is. When write is set and
 // replicas are required, the script and a WAIT are pipelined on one
 // connection to the key's node, and the WAIT's reply is returned.
-func (s *Store) run(ctx context.Context, sc *goredis.Script, key string, write bool, args ...any) (any, *goredis.IntCmd, error) {
-	r, err := do(s, ctx, key, func(ctx context.Context) (ran, error) {
-		return s.runNow(ctx, sc, key, write, args)
+func (s *Store) run(ctx context.Context, sc *goredis.Script, keys []string, write bool, args ...any) (any, *goredis.IntCmd, error) {
+	r, err := do(s, ctx, keys[0], func(ctx context.Context) (ran, error) {
+		return s.runNow(ctx, sc, keys, write, args)
 	})
 	return r.v, r.wait, err
 }
@@ -59,13 +60,12 @@ type ran struct {
 	wait *goredis.IntCmd
 }
 
-func (s *Store) runNow(ctx context.Context, sc *goredis.Script, key string, write bool, args []any) (ran, error) {
-	keys := []string{key}
+func (s *Store) runNow(ctx context.Context, sc *goredis.Script, keys []string, write bool, args []any) (ran, error) {
 	if !write || s.replicas == 0 {
 		v, err := sc.Run(ctx, s.client, keys, args...).Result()
 		return ran{v: v}, err
 	}
-	node, err := s.node(ctx, key)
+	node, err := s.node(ctx, keys[0])
 	if err != nil {
 		return ran{}, err
 	}

@@ -15,36 +15,101 @@ import goredis "github.com/redis/go-redis/v9"
 //	r    result (completed only)
 //	c:*  checkpoints, "c:" followed by the checkpoint's name (started only)
 //
-// Every script touches KEYS[1] only, so Redis Cluster runs it on the node
-// that owns the key's slot. Numbers are written with string.format('%.0f'),
-// so that their text never depends on how a Redis version renders a Lua
-// number (a double); every number stored stays below 2^53, where a double
-// is exact (a fence is a count of microseconds since 1970: 2^53 µs
-// is the year 2255).
+// Next to the records, each of the 1024 shards (the hash tag of its keys,
+// see Store.Key) has an index of its STARTED records: a sorted set
+// <prefix>{<shard>}\x00started of storage keys scored by their lease
+// deadline (l). Claims and Renew add or move a record's entry; Complete,
+// Release and Purge remove it; entries of records that expired by TTL are
+// stale until Stuck, a fresh claim in the shard, or the index's own expiry
+// drops them (see indexLua). Stuck reads it instead of the keyspace.
+//
+// Every script's keys share one hash tag (one slot, one Ring shard), so
+// Redis Cluster runs it on the node that owns that slot. The scripts that
+// look a record up from an index entry (the stale-entry check of a fresh
+// claim, Stuck) read a key they did not declare: Redis allows it for a key
+// of the declared slot (servers that insist on declared keys, such as
+// Dragonfly, need their allow-undeclared-keys setting).
+//
+// Numbers are written with string.format('%.0f'), so that their text never
+// depends on how a Redis version renders a Lua number (a double); every
+// number stored stays below 2^53, where a double is exact (a fence is a
+// count of microseconds since 1970: 2^53 µs is the year 2255).
+
+// indexLua is the index upkeep the scripts share. A record's index key is
+// its record key's prefix and hash tag followed by "\0started" (8 bytes),
+// so the record key is the index key's first #idx-8 bytes followed by the
+// storage key, which is the entry's member.
+//
+//   - member(k, idx): the storage key of record k.
+//   - dropStale(idx, now): look at the two entries with the earliest
+//     deadlines; drop those whose deadline passed and whose record is gone
+//     or not STARTED any more (it expired by TTL: no script ran to remove
+//     it). A fresh claim calls it before adding its own entry, so each new
+//     entry pays for up to two stale ones: with one grace for the shard's
+//     records, deadlines and expiries come in the same order, stale
+//     entries gather at the low end, and they cannot pile up in a shard
+//     that keeps getting claims. It costs a ZRANGE, and two HGETs only
+//     when the earliest deadlines have passed (crashed holders). It
+//     returns true when it found the index empty (absent).
+//   - index(idx, member, deadline, ttl, fresh): add or move the entry, and
+//     keep the index at least ttl ms (the record's own time to live), with
+//     a minute to spare so that PEXPIRE runs about once a minute per shard
+//     rather than on every claim. The index thus outlives every record it
+//     lists, and expires a minute after the last of them. fresh says the
+//     index was absent before the ZADD, so it has no TTL to read.
+const indexLua = `
+local function member(k, idx) return string.sub(k, #idx - 7) end
+local function dropStale(idx, now)
+  local low = redis.call('ZRANGE', idx, 0, 1, 'WITHSCORES')
+  local base = string.sub(idx, 1, #idx - 8)
+  for i = 1, #low, 2 do
+    if tonumber(low[i + 1]) > now then break end
+    if redis.call('HGET', base .. low[i], 's') ~= 'started' then
+      redis.call('ZREM', idx, low[i])
+    end
+  end
+  return #low == 0
+end
+local function index(idx, m, deadline, ttl, fresh)
+  redis.call('ZADD', idx, string.format('%.0f', deadline), m)
+  if fresh or redis.call('PTTL', idx) < ttl then
+    redis.call('PEXPIRE', idx, ttl + 60000)
+  end
+end
+`
+
+// nowLua reads the server's clock: now in ms, and sec and usec.
+const nowLua = `
+local function clock()
+  local t = redis.call('TIME')
+  local sec, usec = tonumber(t[1]), tonumber(t[2])
+  return sec * 1000 + math.floor(usec / 1000), sec, usec
+end
+`
 
 // claimScript decides a claim: see Store.Claim for the table.
 //
-// KEYS[1] record. ARGV: fingerprint, token, lease ms, grace ms.
-// Reply: {outcome, fence, attempt, extra, name1, value1, ...} where extra is
-// the time left on the lease in ms for in-progress, the result for replay,
-// and "" otherwise; checkpoint pairs follow for an acquisition of an
-// existing record.
-var claimScript = goredis.NewScript(`
-local k = KEYS[1]
+// KEYS[1] record, KEYS[2] its shard's index. ARGV: fingerprint, token,
+// lease ms, grace ms. Reply: {outcome, fence, attempt, extra, name1,
+// value1, ...} where extra is the time left on the lease in ms for
+// in-progress, the result for replay, and "" otherwise; checkpoint pairs
+// follow for an acquisition of an existing record.
+var claimScript = goredis.NewScript(indexLua + nowLua + `
+local k, idx = KEYS[1], KEYS[2]
+local lease, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
 local h = redis.call('HMGET', k, 'f', 's', 't', 'n', 'a', 'l', 'r')
-local t, sec, usec, now
 if not h[1] then
   -- Absent (or expired: Redis never shows an expired key). The fence is the
   -- server's clock in microseconds, so it exceeds every fence handed out
   -- for this key before the record was deleted or expired.
-  t = redis.call('TIME')
-  sec, usec = tonumber(t[1]), tonumber(t[2])
-  now = sec * 1000 + math.floor(usec / 1000)
+  local now, sec, usec = clock()
   local fence = sec * 1000000 + usec
   redis.call('HSET', k, 'f', ARGV[1], 's', 'started', 't', ARGV[2],
     'n', string.format('%.0f', fence), 'a', '1',
-    'l', string.format('%.0f', now + tonumber(ARGV[3])), 'g', ARGV[4])
-  redis.call('PEXPIRE', k, tonumber(ARGV[3]) + tonumber(ARGV[4]))
+    'l', string.format('%.0f', now + lease), 'g', ARGV[4])
+  redis.call('PEXPIRE', k, lease + grace)
+  local fresh = dropStale(idx, now)
+  index(idx, member(k, idx), now + lease, lease + grace, fresh)
   return {1, fence, 1, ''}
 end
 local fence, attempt = tonumber(h[4]), tonumber(h[5])
@@ -54,9 +119,7 @@ end
 if h[2] == 'completed' then
   return {2, fence, attempt, h[7] or ''}
 end
-t = redis.call('TIME')
-sec, usec = tonumber(t[1]), tonumber(t[2])
-now = sec * 1000 + math.floor(usec / 1000)
+local now, sec, usec = clock()
 local reply = {1, fence, attempt, ''}
 if h[3] ~= ARGV[2] then
   local deadline = tonumber(h[6])
@@ -73,8 +136,9 @@ if h[3] ~= ARGV[2] then
 end
 -- A takeover, or a repeated claim by the same holder whose reply was lost:
 -- the lease restarts from now and the checkpoints are handed over.
-redis.call('HSET', k, 'l', string.format('%.0f', now + tonumber(ARGV[3])), 'g', ARGV[4])
-redis.call('PEXPIRE', k, tonumber(ARGV[3]) + tonumber(ARGV[4]))
+redis.call('HSET', k, 'l', string.format('%.0f', now + lease), 'g', ARGV[4])
+redis.call('PEXPIRE', k, lease + grace)
+index(idx, member(k, idx), now + lease, lease + grace, false)
 local all = redis.call('HGETALL', k)
 for i = 1, #all, 2 do
   if string.sub(all[i], 1, 2) == 'c:' then
@@ -85,23 +149,30 @@ end
 return reply
 `)
 
-// renewScript extends a lease held under a token.
+// renewScript extends a lease held under a token. A record that is gone
+// leaves a stale index entry, which it drops.
 //
-// KEYS[1] record. ARGV: token, lease ms. Reply: 1, or 0 for a lost lease.
-var renewScript = goredis.NewScript(`
-local k = KEYS[1]
+// KEYS[1] record, KEYS[2] its index. ARGV: token, lease ms. Reply: 1, or 0
+// for a lost lease.
+var renewScript = goredis.NewScript(indexLua + nowLua + `
+local k, idx = KEYS[1], KEYS[2]
 local h = redis.call('HMGET', k, 's', 't', 'g')
+if not h[1] then
+  redis.call('ZREM', idx, member(k, idx))
+  return 0
+end
 if h[1] ~= 'started' or h[2] ~= ARGV[1] then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock()
 local lease = tonumber(ARGV[2])
 redis.call('HSET', k, 'l', string.format('%.0f', now + lease))
 redis.call('PEXPIRE', k, lease + tonumber(h[3]))
+index(idx, member(k, idx), now + lease, lease + tonumber(h[3]), false)
 return 1
 `)
 
 // checkpointScript stores a recovery point under a token. The record's
-// expiry (lease deadline plus grace, both absolute) is set again, unchanged.
+// expiry (lease deadline plus grace, both absolute) is set again, unchanged,
+// and so is its index entry.
 //
 // KEYS[1] record. ARGV: token, name, value. Reply: 1, or 0 for a lost lease.
 var checkpointScript = goredis.NewScript(`
@@ -114,17 +185,23 @@ return 1
 `)
 
 // completeScript records the result under a token, rewriting the record
-// without its checkpoints and lease fields. A record already completed under the token is left as it is;
-// when ARGV[4] is "1" (the caller will WAIT for replicas) a write that
-// changes nothing is made, so that WAIT on this connection also covers the
-// earlier completion. When ARGV[5] is "1" a message is published on the
-// record's shard channel for Watch.
+// without its checkpoints and lease fields, and drops its index entry. A
+// record already completed under the token is left as it is; when ARGV[4]
+// is "1" (the caller will WAIT for replicas) a write that changes nothing
+// is made, so that WAIT on this connection also covers the earlier
+// completion. When ARGV[5] is "1" a message is published on the record's
+// shard channel for Watch. A record that is gone leaves a stale index
+// entry, which it drops.
 //
-// KEYS[1] record. ARGV: token, result, retention ms, touch, notify.
-// Reply: 1, or 0 for a lost lease.
-var completeScript = goredis.NewScript(`
-local k = KEYS[1]
+// KEYS[1] record, KEYS[2] its index. ARGV: token, result, retention ms,
+// touch, notify. Reply: 1, or 0 for a lost lease.
+var completeScript = goredis.NewScript(indexLua + `
+local k, idx = KEYS[1], KEYS[2]
 local h = redis.call('HMGET', k, 's', 't', 'f', 'n', 'a')
+if not h[1] then
+  redis.call('ZREM', idx, member(k, idx))
+  return 0
+end
 if h[2] ~= ARGV[1] then return 0 end
 if h[1] == 'completed' then
   if ARGV[4] == '1' then redis.call('HSET', k, 's', 'completed') end
@@ -136,20 +213,116 @@ if ARGV[5] == '1' then redis.call('SPUBLISH', k, 'completed') end
 redis.call('DEL', k)
 redis.call('HSET', k, 'f', h[3], 's', 'completed', 't', h[2], 'n', h[4], 'a', h[5], 'r', ARGV[2])
 redis.call('PEXPIRE', k, ARGV[3])
+redis.call('ZREM', idx, member(k, idx))
 return 1
 `)
 
-// releaseScript deletes a started record held under a token.
+// releaseScript deletes a started record held under a token, and its index
+// entry; releasing an absent record drops the entry it may have left.
 //
-// KEYS[1] record. ARGV: token, notify. Reply: 1, or 0 for a lost lease.
-var releaseScript = goredis.NewScript(`
-local k = KEYS[1]
+// KEYS[1] record, KEYS[2] its index. ARGV: token, notify. Reply: 1, or 0
+// for a lost lease.
+var releaseScript = goredis.NewScript(indexLua + `
+local k, idx = KEYS[1], KEYS[2]
 local h = redis.call('HMGET', k, 's', 't')
-if not h[1] then return 1 end
+if not h[1] then
+  redis.call('ZREM', idx, member(k, idx))
+  return 1
+end
 if h[1] ~= 'started' or h[2] ~= ARGV[1] then return 0 end
 if ARGV[2] == '1' then redis.call('SPUBLISH', k, 'released') end
 redis.call('DEL', k)
+redis.call('ZREM', idx, member(k, idx))
 return 1
+`)
+
+// purgeScript deletes a record whatever its state, and its index entry,
+// publishing on the record's shard channel when ARGV[1] is "1" and there
+// was a record.
+//
+// KEYS[1] record, KEYS[2] its index. ARGV: notify. Reply: 1.
+var purgeScript = goredis.NewScript(indexLua + `
+local k, idx = KEYS[1], KEYS[2]
+if redis.call('DEL', k) == 1 and ARGV[1] == '1' then
+  redis.call('SPUBLISH', k, 'purged')
+end
+redis.call('ZREM', idx, member(k, idx))
+return 1
+`)
+
+// inspectScript reads a record for Inspect.
+//
+// KEYS[1] record. Reply: {} for no record, else {now ms, PTTL ms,
+// {field1, value1, ...}}.
+var inspectScript = goredis.NewScript(nowLua + `
+local h = redis.call('HGETALL', KEYS[1])
+if #h == 0 then return {} end
+return {(clock()), redis.call('PTTL', KEYS[1]), h}
+`)
+
+// stuckScript lists the stuck records of one shard from its index: the
+// entries whose deadline passed (score <= now), in index order (score,
+// then member byte by byte), after the position (ARGV[3], ARGV[4]). Each
+// entry is checked against its record: a record that is gone or not
+// STARTED any more makes the entry stale, and it is dropped; a STARTED
+// record whose lease ended is listed (its expiry not passed, since Redis
+// shows no expired key). It stops after listing want records or looking
+// at budget entries, and reports whether the shard is done.
+//
+// Members of one score are compared byte by byte (as the sorted set orders
+// them), not with Lua's <, which follows the server's locale. Stale
+// entries are removed at the end, so that the LIMIT offsets stay valid.
+//
+// KEYS[1] index. ARGV: want, budget, score and member of the last entry
+// already looked at ("" and "" for the start of the shard).
+// Reply: {done (1 or 0), last score, last member, now ms, {record...}},
+// each record {member, score, PTTL ms, {field1, value1, ...}}.
+var stuckScript = goredis.NewScript(nowLua + `
+local idx = KEYS[1]
+local base = string.sub(idx, 1, #idx - 8)
+local want, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+local after, afterm = tonumber(ARGV[3]), ARGV[4]
+local lastS, lastM = ARGV[3], ARGV[4]
+local now = clock()
+local function passed(m)
+  if m == afterm then return true end
+  for i = 1, math.min(#m, #afterm) do
+    local x, y = string.byte(m, i), string.byte(afterm, i)
+    if x ~= y then return x < y end
+  end
+  return #m < #afterm
+end
+local recs, stale = {}, {}
+local seen, off, done = 0, 0, 1
+local min = '-inf'
+if after then min = ARGV[3] end
+while done == 1 do
+  local batch = redis.call('ZRANGEBYSCORE', idx, min, now, 'WITHSCORES', 'LIMIT', off, 128)
+  if #batch == 0 then break end
+  off = off + #batch / 2
+  for i = 1, #batch, 2 do
+    local m, sc = batch[i], tonumber(batch[i + 1])
+    if not after or sc > after or not passed(m) then
+      if seen >= budget or #recs >= want then
+        done = 0
+        break
+      end
+      seen = seen + 1
+      local k = base .. m
+      local h = redis.call('HMGET', k, 's', 'l')
+      if h[1] ~= 'started' then
+        stale[#stale + 1] = m
+      elseif tonumber(h[2]) <= now then
+        recs[#recs + 1] = {m, batch[i + 1], redis.call('PTTL', k), redis.call('HGETALL', k)}
+      end
+      lastS, lastM = batch[i + 1], m
+    end
+  end
+end
+for i = 1, #stale, 500 do
+  redis.call('ZREM', idx, unpack(stale, i, math.min(i + 499, #stale)))
+end
+return {done, lastS, lastM, now, recs}
 `)
 
 // stateScript reads a record's state for Watch: "started", "completed",

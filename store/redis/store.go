@@ -2,12 +2,15 @@
 // works with a single server, Redis Cluster, Sentinel (failover clients) and
 // Ring clients.
 //
-// Each record is one hash; every operation is one Lua script on that one key,
-// run with EVALSHA (falling back to EVAL after SCRIPT FLUSH or a restart).
-// Leases and retention are judged by the server's clock (TIME inside the
-// script) and enforced by PEXPIRE, so expired records disappear on their
-// own. The key carries a hash tag derived from the whole storage key, so a
-// cluster spreads records over its nodes while each script stays on one slot.
+// Each record is one hash; every operation is one Lua script on that key
+// (and on the index of STARTED records of the key's shard, which
+// [Store.Stuck] reads instead of scanning the keyspace), run with EVALSHA
+// (falling back to EVAL after SCRIPT FLUSH or a restart). Leases and
+// retention are judged by the server's clock (TIME inside the script) and
+// enforced by PEXPIRE, so expired records disappear on their own. The key
+// carries a hash tag naming one of 1024 shards, derived from the whole
+// storage key, so a cluster spreads records over its nodes while each
+// script stays on one slot (see [Store.Key]).
 //
 // Redis replicates asynchronously: a failover can lose an acknowledged claim
 // or completion. [Options.Replicas] makes claims and completions wait for
@@ -95,15 +98,16 @@ type Options struct {
 	// Default [DefaultReplicaTimeout].
 	ReplicaTimeout time.Duration
 
-	// Notify makes Complete and Release publish a message on the record's
-	// shard channel (SPUBLISH, Redis 7.0 or later), which wakes [Store.Watch]
-	// without polling. Off by default: with it off, Watch reports that it
-	// cannot watch and callers poll.
+	// Notify makes Complete, Release and Purge publish a message on the
+	// record's shard channel (SPUBLISH, Redis 7.0 or later), which wakes
+	// [Store.Watch] without polling. Off by default: with it off, Watch
+	// reports that it cannot watch and callers poll.
 	Notify bool
 }
 
 // Store is an [idempotency.Store] on Redis. It is safe for concurrent use.
-// It implements [idempotency.Watcher] (effective with [Options.Notify]).
+// It implements [idempotency.Watcher] (effective with [Options.Notify]) and
+// [idempotency.Inspector].
 type Store struct {
 	client         Client
 	prefix         string
@@ -111,6 +115,7 @@ type Store struct {
 	replicas       int
 	replicaTimeout time.Duration
 	notify         string // "1" or "0", passed to the scripts
+	indexKeys      string // the Shards index keys, one after another (see indexKey)
 
 	// honoursDeadlines: the client bounds socket I/O by the context's
 	// deadline (Options.ContextTimeoutEnabled), so calls under a deadline
@@ -186,6 +191,14 @@ func New(client Client, opts *Options) (*Store, error) {
 		}
 		s.notify = "1"
 	}
+	// The index keys of all shards, in one string.
+	b := make([]byte, 0, Shards*(len(s.prefix)+tagLen+len(indexSuffix)))
+	for shard := range Shards {
+		b = append(b, s.prefix...)
+		b = appendTag(b, shard)
+		b = append(b, indexSuffix...)
+	}
+	s.indexKeys = string(b)
 	s.honoursDeadlines = honoursDeadlines(client)
 	if c, ok := client.(*goredis.Client); ok {
 		s.watch = watchOf(c)
@@ -193,28 +206,80 @@ func New(client Client, opts *Options) (*Store, error) {
 	return s, nil
 }
 
+// Shards is the number of hash tags the store's keys use (see
+// [Store.Key]). Each shard has an index of its STARTED records, which
+// [Store.Stuck] reads.
+const Shards = 1024
+
 // Key returns the Redis key of the record under storageKey: the prefix, a
-// hash tag of 16 hex digits (FNV-1a, 64 bits, of the storage key), then the
-// storage key itself, e.g. "idem:{9f2c...}6:tenant3:abc". Only the tag
-// decides the Cluster slot, so all operations on one storage key land on
-// one node and different keys spread evenly; the storage key after it keeps
-// keys distinct and readable.
+// hash tag of 3 hex digits naming the key's shard (000 to 3ff: the top 10
+// bits of the storage key's 64-bit FNV-1a hash, mixed by MurmurHash3's
+// finalizer), then the storage key itself, e.g. "idem:{1a2}6:tenant3:abc".
+// Only the tag decides the Cluster slot (and the Ring shard), so all
+// operations on one storage key land on one node, and different keys
+// spread evenly over [Shards] tags, which Cluster spreads over its slots;
+// the storage key after the tag keeps keys distinct and readable.
+//
+// Next to the records, each shard has one more key, its index of STARTED
+// records: the prefix, the shard's tag, then a NUL and "started", e.g.
+// "idem:{1a2}\x00started". A storage key never contains a NUL (the store
+// refuses one), so the index can never be taken for a record.
 func (s *Store) Key(storageKey string) string {
+	return s.recordKey(storageKey, shardOf(storageKey))
+}
+
+// shardOf returns the shard of a storage key: the top 10 bits of its
+// 64-bit FNV-1a hash passed through MurmurHash3's finalizer. FNV-1a alone
+// will not do: its last multiplication carries the last bytes of the key
+// into the low bits only, so keys that differ at the end ("order-1",
+// "order-2") would share their top bits and crowd into a few shards.
+func shardOf(storageKey string) int {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(storageKey); i++ {
 		h ^= uint64(storageKey[i])
 		h *= 1099511628211
 	}
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return int(h >> 54)
+}
+
+// tagLen is the length of a hash tag with its braces: "{3ff}".
+const tagLen = 5
+
+// indexSuffix follows the tag in a shard's index key.
+const indexSuffix = "\x00started"
+
+func appendTag(b []byte, shard int) []byte {
 	const hexdigits = "0123456789abcdef"
-	b := make([]byte, 0, len(s.prefix)+18+len(storageKey))
+	return append(b, '{', hexdigits[shard>>8&0xf], hexdigits[shard>>4&0xf], hexdigits[shard&0xf], '}')
+}
+
+func (s *Store) recordKey(storageKey string, shard int) string {
+	b := make([]byte, 0, len(s.prefix)+tagLen+len(storageKey))
 	b = append(b, s.prefix...)
-	b = append(b, '{')
-	for shift := 60; shift >= 0; shift -= 4 {
-		b = append(b, hexdigits[(h>>uint(shift))&0xf])
-	}
-	b = append(b, '}')
+	b = appendTag(b, shard)
 	b = append(b, storageKey...)
 	return string(b)
+}
+
+// indexKey returns the key of a shard's index, from the store's table.
+func (s *Store) indexKey(shard int) string {
+	n := len(s.prefix) + tagLen + len(indexSuffix)
+	return s.indexKeys[shard*n : (shard+1)*n]
+}
+
+// keys returns the record key and the index key of storageKey, refusing a
+// storage key with a NUL, which could name an index.
+func (s *Store) keys(storageKey string) ([]string, error) {
+	if strings.IndexByte(storageKey, 0) >= 0 {
+		return nil, fmt.Errorf("%w: redis store: storage key %q contains a NUL", idempotency.ErrInvalidArgument, storageKey)
+	}
+	shard := shardOf(storageKey)
+	return []string{s.recordKey(storageKey, shard), s.indexKey(shard)}, nil
 }
 
 // Claim implements [idempotency.Store.Claim] with one script.
@@ -225,8 +290,11 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if r.Lease <= 0 || r.Grace < 0 {
 		return idempotency.ClaimResult{}, fmt.Errorf("%w: redis store: lease %v, grace %v", idempotency.ErrInvalidArgument, r.Lease, r.Grace)
 	}
-	key := s.Key(r.Key)
-	v, waited, err := s.run(ctx, claimScript, key, true, encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace))
+	keys, err := s.keys(r.Key)
+	if err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	v, waited, err := s.run(ctx, claimScript, keys, true, encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace))
 	if err != nil {
 		return idempotency.ClaimResult{}, s.wrap("claim", err)
 	}
@@ -250,7 +318,11 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	if lease <= 0 {
 		return fmt.Errorf("%w: redis store: lease %v", idempotency.ErrInvalidArgument, lease)
 	}
-	v, _, err := s.run(ctx, renewScript, s.Key(key), false, string(token), millis(lease))
+	keys, err := s.keys(key)
+	if err != nil {
+		return err
+	}
+	v, _, err := s.run(ctx, renewScript, keys, false, string(token), millis(lease))
 	return s.done("renew", v, err)
 }
 
@@ -262,7 +334,11 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 	if len(value) > s.maxValue {
 		return fmt.Errorf("%w: redis store: checkpoint of %d bytes, limit %d", idempotency.ErrTooLarge, len(value), s.maxValue)
 	}
-	v, _, err := s.run(ctx, checkpointScript, s.Key(key), false, string(token), name, value)
+	keys, err := s.keys(key)
+	if err != nil {
+		return err
+	}
+	v, _, err := s.run(ctx, checkpointScript, keys[:1], false, string(token), name, value)
 	return s.done("checkpoint", v, err)
 }
 
@@ -281,7 +357,11 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if s.replicas > 0 {
 		touch = "1"
 	}
-	v, waited, err := s.run(ctx, completeScript, s.Key(key), true, string(token), result, millis(retention), touch, s.notify)
+	keys, err := s.keys(key)
+	if err != nil {
+		return err
+	}
+	v, waited, err := s.run(ctx, completeScript, keys, true, string(token), result, millis(retention), touch, s.notify)
 	if err := s.done("complete", v, err); err != nil {
 		return err
 	}
@@ -296,7 +376,11 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, releaseScript, s.Key(key), false, string(token), s.notify)
+	keys, err := s.keys(key)
+	if err != nil {
+		return err
+	}
+	v, _, err := s.run(ctx, releaseScript, keys, false, string(token), s.notify)
 	return s.done("release", v, err)
 }
 

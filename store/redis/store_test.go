@@ -89,8 +89,9 @@ func TestNewRejects(t *testing.T) {
 }
 
 // TestKeyLayout checks the hash tag: one slot for every operation on a
-// storage key (the tag depends on nothing else), braces inside the
-// storage key never change it, and the prefix starts the key.
+// storage key (the tag depends on nothing else), three hex digits naming
+// one of the 1024 shards, braces inside the storage key never change it,
+// and the prefix starts the key.
 func TestKeyLayout(t *testing.T) {
 	s, err := idemredis.New(goredis.NewClient(&goredis.Options{}), &idemredis.Options{Prefix: "p:"})
 	if err != nil {
@@ -98,14 +99,14 @@ func TestKeyLayout(t *testing.T) {
 	}
 	for _, sk := range []string{"3:abc", "6:tenant3:abc", "1:{1:}", "5:}{x}{", strings.Repeat("é", 300)} {
 		k := s.Key(sk)
-		if !strings.HasPrefix(k, "p:{") || !strings.HasSuffix(k, "}"+sk) || len(k) != len("p:{")+16+1+len(sk) {
-			t.Errorf("Key(%q) = %q: want p:{16 hex digits}%s", sk, k, sk)
+		if !strings.HasPrefix(k, "p:{") || !strings.HasSuffix(k, "}"+sk) || len(k) != len("p:{")+3+1+len(sk) {
+			t.Errorf("Key(%q) = %q: want p:{3 hex digits}%s", sk, k, sk)
 		}
 		// Redis hashes what lies between the first '{' and the next '}'.
 		tag := k[strings.IndexByte(k, '{')+1:]
 		tag = tag[:strings.IndexByte(tag, '}')]
-		if _, err := strconv.ParseUint(tag, 16, 64); err != nil || len(tag) != 16 {
-			t.Errorf("Key(%q): hash tag %q is not 16 hex digits", sk, tag)
+		if n, err := strconv.ParseUint(tag, 16, 16); err != nil || len(tag) != 3 || n >= idemredis.Shards {
+			t.Errorf("Key(%q): hash tag %q is not 3 hex digits below %x", sk, tag, idemredis.Shards)
 		}
 		if s.Key(sk) != k {
 			t.Errorf("Key(%q) is not stable", sk)
@@ -114,11 +115,15 @@ func TestKeyLayout(t *testing.T) {
 	if s.Key("1:a1:b") == s.Key("3:a1:b") {
 		t.Error("different storage keys share a key")
 	}
+	if got, want := s.Key("6:tenant3:abc"), "p:{1a2}6:tenant3:abc"; got != want {
+		t.Errorf("Key changed: %q, want %q (the layout is persisted: a change loses every record)", got, want)
+	}
 }
 
 // TestKeysSpreadOverMasters claims 600 keys through a cluster client and
-// counts, on each master, the keys that landed there: all three masters
-// must hold a fair share, or the hash tag pins keys to few slots.
+// counts, on each master, the records that landed there: all three
+// masters must hold a fair share, or the hash tag pins keys to few slots.
+// The shards' indexes of STARTED records are counted apart.
 func TestKeysSpreadOverMasters(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
@@ -129,12 +134,18 @@ func TestKeysSpreadOverMasters(t *testing.T) {
 		mustClaim(t, s, claimReq(fmt.Sprintf("6:tenant3:k%d", i), "tok", time.Minute), idempotency.OutcomeAcquired)
 	}
 	var mu sync.Mutex
-	counts := map[string]int{}
+	counts, indexes := map[string]int{}, 0
 	err := c.ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
 		keys, err := scanAll(ctx, m, prefix+"*")
 		mu.Lock()
-		counts[m.Options().Addr] = len(keys)
-		mu.Unlock()
+		defer mu.Unlock()
+		for _, k := range keys {
+			if strings.HasSuffix(k, "}\x00started") {
+				indexes++
+			} else {
+				counts[m.Options().Addr]++
+			}
+		}
 		return err
 	})
 	if err != nil {
@@ -144,15 +155,19 @@ func TestKeysSpreadOverMasters(t *testing.T) {
 	for _, k := range counts {
 		total += k
 	}
-	t.Logf("keys per master: %v", counts)
+	t.Logf("records per master: %v; %d shard indexes", counts, indexes)
 	if len(counts) != 3 || total != n {
-		t.Fatalf("found %d keys on %d masters, want %d on 3: %v", total, len(counts), n, counts)
+		t.Fatalf("found %d records on %d masters, want %d on 3: %v", total, len(counts), n, counts)
 	}
 	for addr, k := range counts {
 		// 200 expected per master; 120 is over 6 standard deviations below.
 		if k < 120 {
 			t.Errorf("master %s holds %d of %d keys: keys do not spread", addr, k, n)
 		}
+	}
+	// 600 keys over 1024 shards use about 1024 × (1 - e^(-600/1024)) ≈ 453.
+	if indexes < 400 || indexes > 500 {
+		t.Errorf("600 keys use %d shards, want about 453: the shard hash does not spread", indexes)
 	}
 }
 
