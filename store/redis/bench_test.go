@@ -263,3 +263,64 @@ func BenchmarkCallDeadline(b *testing.B) {
 	b.ReportMetric(float64(honTime.Nanoseconds())/n, "honouring-ns/op")
 	b.ReportMetric(float64((defTime-honTime).Nanoseconds())/n, "overhead-ns/op")
 }
+
+// BenchmarkStuck measures a page of Stuck (see the README's figures):
+//
+//   - empty: a pass over all 1024 shards of a store with nothing stuck
+//     (one page that finds nothing), what a reconciler pays on every pass
+//     of a healthy system;
+//   - page100: a page of 100 out of 2,000 stuck records spread over the
+//     shards, cycling through them.
+//
+// Metrics: ns/op and round-trips/op per page; records/op for page100.
+func BenchmarkStuck(b *testing.B) {
+	for _, tc := range deployments {
+		// open returns a store on a client that counts round trips.
+		open := func(b *testing.B) (*idemredis.Store, *countHook) {
+			c := tc.client(b)
+			h := new(countHook)
+			c.AddHook(h)
+			return newStore(b, c, nil), h
+		}
+		b.Run(tc.name+"/empty", func(b *testing.B) {
+			s, h := open(b)
+			ctx := context.Background()
+			if _, _, err := s.Stuck(ctx, "", 100); err != nil { // loads the script
+				b.Fatal(err)
+			}
+			h.n.Store(0)
+			for b.Loop() {
+				infos, next, err := s.Stuck(ctx, "", 100)
+				if err != nil || len(infos) != 0 || next != "" {
+					b.Fatalf("Stuck of an empty store: %d records, %q, %v", len(infos), next, err)
+				}
+			}
+			b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+		})
+		b.Run(tc.name+"/page100", func(b *testing.B) {
+			s, h := open(b)
+			ctx := context.Background()
+			const n = 2000
+			for i := range n {
+				k := "9:tenant-42:stuck-" + strconv.Itoa(i)
+				res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: k, Fingerprint: fingerprint, Token: "dead", Lease: 100 * time.Millisecond, Grace: time.Hour})
+				if err != nil || res.Outcome != idempotency.OutcomeAcquired {
+					b.Fatalf("claim: %v, %v", res.Outcome, err)
+				}
+			}
+			time.Sleep(150 * time.Millisecond)
+			h.n.Store(0)
+			cursor, listed := "", 0
+			for b.Loop() {
+				infos, next, err := s.Stuck(ctx, cursor, 100)
+				if err != nil {
+					b.Fatal(err)
+				}
+				listed += len(infos)
+				cursor = next
+			}
+			b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+			b.ReportMetric(float64(listed)/float64(b.N), "records/op")
+		})
+	}
+}

@@ -40,6 +40,26 @@ func TestEncodeFingerprint(t *testing.T) {
 	}
 }
 
+// TestDecodeFingerprint: Inspect and Stuck give back the fingerprint as
+// it was claimed, whichever stored form it took.
+func TestDecodeFingerprint(t *testing.T) {
+	for _, fp := range []idempotency.Fingerprint{
+		"", "fp", idempotency.FingerprintBytes([]byte("body")),
+		idempotency.Fingerprint("sha256:" + strings.Repeat("A", 64)),
+		idempotency.Fingerprint("h" + strings.Repeat("x", 32)),
+	} {
+		got, err := decodeFingerprint(encodeFingerprint(fp))
+		if err != nil || got != fp {
+			t.Errorf("%q: decoded %q, %v", fp, got, err)
+		}
+	}
+	for _, bad := range []string{"", "x", "h" + strings.Repeat("x", 31)} {
+		if _, err := decodeFingerprint(bad); err == nil {
+			t.Errorf("%q decoded", bad)
+		}
+	}
+}
+
 // TestShardsEven: storage keys that differ only at the end (the usual
 // case: one tenant, numbered orders) spread evenly over the 1024 shards.
 // A chi-square statistic over 1023 degrees of freedom has mean 1023 and
