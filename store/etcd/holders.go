@@ -2,7 +2,6 @@ package etcd
 
 import (
 	"sync"
-	"time"
 
 	"github.com/exactlyonce/idempotency"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,7 +15,7 @@ import (
 type holderState struct {
 	hRev  int64            // the holder key's mod revision
 	lease clientv3.LeaseID // the record's life lease
-	grace time.Duration
+	meta  meta
 	names []string // checkpoint names; shared, never changed in place
 	known bool
 }

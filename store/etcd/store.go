@@ -199,14 +199,14 @@ var errContended = errors.New("etcd store: the record changed during every attem
 
 // Claim implements [idempotency.Store].
 //
-// One transaction creates the record if its holder key is absent (etcd has
-// deleted an expired record with its lease), or else reads it. A read
-// record decides a mismatch, a replay or an in-progress answer at the
-// revision it was read (an in-progress answer then asks the lease's time
-// left); a repeat by the holder's token and a takeover of an ended lease
-// are a second transaction that commits only if the holder key is
-// unchanged since that read (and, for a takeover, the live marker still
-// absent), and otherwise starts over.
+// One transaction creates the record if its key is absent (etcd deleted
+// an expired record with its lease), or else reads it. A read record
+// decides a mismatch, a replay or an in-progress answer at the revision it
+// was read (an in-progress answer then asks the lease's time left); a
+// repeat by the holder's token and a takeover of an ended lease are a
+// second transaction that commits only if the record is unchanged since
+// that read (and, for a takeover, the live marker still absent), and
+// otherwise decides again.
 func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
 		return idempotency.ClaimResult{}, err
@@ -220,8 +220,9 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	start := time.Now()
 	k := s.keys(r.Key)
 	grace := ceilMillis(r.Grace)
+	fresh := meta{attempt: 1, grace: grace, fp: r.Fingerprint}
 	// The checkpoint names, read only when a repeat or a takeover needs
-	// them, as of the holder key's revision namesAt.
+	// them, as of the record's revision namesAt.
 	var names []string
 	namesAt := int64(-1)
 	for range maxCAS {
@@ -232,8 +233,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		resp, err := s.client.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(k.holder()), "=", 0),
 		).Then(
-			clientv3.OpPut(k.holder(), holderValue(stateStarted, r.Token), clientv3.WithLease(life)),
-			clientv3.OpPut(k.ident(), meta{attempt: 1, grace: grace, fp: r.Fingerprint}.encode(), clientv3.WithLease(life)),
+			clientv3.OpPut(k.holder(), encodeRecord(stateStarted, r.Token, fresh, nil), clientv3.WithLease(life)),
 			clientv3.OpPut(k.live(), liveValue(r.Lease), clientv3.WithLease(live)),
 		).Else(k.readMeta()).Commit()
 		if isLeaseNotFound(err) {
@@ -244,33 +244,25 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
 		}
 		if resp.Succeeded {
-			s.holders.put(r.Key, r.Token, holderState{hRev: resp.Header.Revision, lease: life, grace: grace, known: true})
+			s.holders.put(r.Key, r.Token, holderState{hRev: resp.Header.Revision, lease: life, meta: fresh, known: true})
 			return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: resp.Header.Revision, Attempt: 1}, nil
 		}
 		rec, err := parseRecord(resp.Header.Revision, resp.Responses[0].GetResponseRange(), nil, k)
 		if err != nil {
 			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
 		}
-		if rec.holder == nil {
-			continue // cannot happen: the holder key existed in this revision
+		if rec.h == nil {
+			continue // cannot happen: the key existed in this revision
 		}
 		if rec.meta.fp != r.Fingerprint {
 			return idempotency.ClaimResult{Outcome: idempotency.OutcomeMismatch, Fence: rec.fence(), Attempt: rec.meta.attempt}, nil
 		}
-		state, tok := rec.state()
-		switch {
-		case state == stateCompleted:
-			var result []byte
-			if rec.result != nil {
-				result = slices.Clone(rec.result.Value)
-			}
-			if result == nil {
-				result = []byte{}
-			}
+		if rec.state == stateCompleted {
+			result := make([]byte, len(rec.result))
+			copy(result, rec.result)
 			return idempotency.ClaimResult{Outcome: idempotency.OutcomeReplay, Fence: rec.fence(), Attempt: rec.meta.attempt, Result: result}, nil
-		case state != stateStarted:
-			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", errCorrupt)
-		case tok != r.Token && rec.live != nil:
+		}
+		if rec.token != r.Token && rec.live != nil {
 			left, err := s.timeLeft(ctx, rec.live)
 			if err != nil {
 				return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
@@ -282,20 +274,19 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		}
 		// A repeat of the holder's claim keeps the fence and attempt and
 		// sets the lease and grace anew.
-		m, newHolder, fence := rec.meta, "", rec.fence()
+		m, takeover := rec.meta, rec.token != r.Token
 		m.grace = grace
-		if tok != r.Token {
+		if takeover {
 			// The lease ended and nobody took the record over: take it
 			// over, with a fence above every revision the read saw, so
 			// above every fence handed out before.
 			m = meta{attempt: rec.meta.attempt + 1, grace: grace, fence: rec.rev + 1, fp: r.Fingerprint}
-			newHolder, fence = holderValue(stateStarted, r.Token), m.fence
 		}
-		known := rec.holder.ModRevision == namesAt
+		known := rec.h.ModRevision == namesAt
 		if known {
 			rec.names = names
 		}
-		res, ok, err := s.reacquire(ctx, k, rec, known, newHolder, m, r.Lease, live, life)
+		res, ok, err := s.reacquire(ctx, k, rec, known, takeover, encodeRecord(stateStarted, r.Token, m, nil), r.Lease, live, life)
 		if isLeaseNotFound(err) {
 			s.leases.forget(live, life)
 			continue
@@ -306,12 +297,16 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		if !ok {
 			// The record changed since it was read, or has checkpoints the
 			// store did not know of: decide again.
-			if res.read != nil && res.read.holder != nil {
-				names, namesAt = res.read.names, res.read.holder.ModRevision
+			if res.read != nil && res.read.h != nil {
+				names, namesAt = res.read.names, res.read.h.ModRevision
 			}
 			continue
 		}
-		s.holders.put(r.Key, r.Token, holderState{hRev: res.rev, lease: life, grace: grace, names: rec.names, known: true})
+		s.holders.put(r.Key, r.Token, holderState{hRev: res.rev, lease: life, meta: m, names: res.names, known: true})
+		fence := m.fence
+		if fence == 0 {
+			fence = rec.h.CreateRevision
+		}
 		return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: fence, Attempt: m.attempt, Checkpoints: res.checkpoints}, nil
 	}
 	return idempotency.ClaimResult{}, s.wrap(ctx, "claim", errContended)
@@ -333,35 +328,32 @@ func (s *Store) twoLeases(ctx context.Context, live, life time.Duration, start t
 // nothing, what it read instead.
 type reacquired struct {
 	rev         int64
+	names       []string
 	checkpoints map[string][]byte
 	read        *record
 }
 
-// reacquire rewrites the record rec read, if it is unchanged since: the
-// holder key (to newHolder for a takeover; as it is for a repeat, when
-// newHolder is empty), the identity m, every checkpoint re-attached to the
-// life lease, and a new live marker for a lease of leaseLen. A takeover
-// also requires the live marker absent, so the lease ended as the server
-// judges it. When the checkpoint names are not known (namesKnown false),
-// it requires that there be none, and otherwise reads them. It returns ok
-// false when the record changed (the caller decides again).
-func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, namesKnown bool, newHolder string, m meta, leaseLen time.Duration, live, life clientv3.LeaseID) (reacquired, bool, error) {
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.holder()), "=", rec.holder.ModRevision)}
+// reacquire rewrites the record rec read as value, if it is unchanged
+// since, with every checkpoint re-attached to the life lease and a new
+// live marker for a lease of leaseLen. A takeover also requires the live
+// marker absent, so the lease ended as the server judges it. When the
+// checkpoint names are not known (namesKnown false), it requires that
+// there be none, and otherwise reads them. It returns ok false when the
+// record changed (the caller decides again).
+func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, namesKnown, takeover bool, value string, leaseLen time.Duration, live, life clientv3.LeaseID) (reacquired, bool, error) {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.holder()), "=", rec.h.ModRevision)}
 	var orElse []clientv3.Op
 	if !namesKnown {
 		rec.names = nil
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.cpStart()), "=", 0).WithRange(k.cpEnd()))
 		orElse = []clientv3.Op{k.readMeta(), k.readCheckpointNames()}
 	}
-	ops := make([]clientv3.Op, 0, 4+len(rec.names))
-	if newHolder != "" {
+	if takeover {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.live()), "=", 0))
-		ops = append(ops, clientv3.OpPut(k.holder(), newHolder, clientv3.WithLease(life)))
-	} else {
-		ops = append(ops, clientv3.OpPut(k.holder(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)))
 	}
+	ops := make([]clientv3.Op, 0, 3+len(rec.names))
 	ops = append(ops,
-		clientv3.OpPut(k.ident(), m.encode(), clientv3.WithLease(life)),
+		clientv3.OpPut(k.holder(), value, clientv3.WithLease(life)),
 		clientv3.OpPut(k.live(), liveValue(leaseLen), clientv3.WithLease(live)),
 	)
 	for _, n := range rec.names {
@@ -381,7 +373,7 @@ func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, namesKn
 		read, err := parseTxn(resp, k)
 		return reacquired{read: &read}, false, err
 	}
-	out := reacquired{rev: resp.Header.Revision}
+	out := reacquired{rev: resp.Header.Revision, names: rec.names}
 	if len(rec.names) > 0 {
 		out.checkpoints = make(map[string][]byte, len(rec.names))
 		for _, kv := range resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs {
@@ -420,12 +412,85 @@ func liveValue(lease time.Duration) string {
 	return strconv.FormatInt(int64(ceilMillis(lease)/time.Millisecond), 10)
 }
 
-// Renew implements [idempotency.Store]: one transaction that commits only
-// if the holder key is unchanged since the store last saw it under token
-// (so that it knows every key to re-attach), writing a new live marker and
-// moving every other key to a life lease of lease plus the grace. When the
-// store has not seen the record, or it changed, the transaction reads it
-// instead and a second one renews.
+// known returns what the store remembers of the record held under token,
+// or reads it: ErrLeaseLost when it is not STARTED under token. done
+// reports a record already COMPLETED under token (for Complete).
+func (s *Store) known(ctx context.Context, op, key string, token idempotency.Token, k recordKeys) (st holderState, done bool, err error) {
+	if st = s.holders.get(key, token); st.known {
+		return st, false, nil
+	}
+	resp, err := s.client.Txn(ctx).Then(k.readMeta(), k.readCheckpointNames()).Commit()
+	if err != nil {
+		return st, false, err
+	}
+	return s.reread(op, key, token, k, resp)
+}
+
+// reread is the end of a holder's write whose compare failed: its Else
+// branch read the record (readMeta, readCheckpointNames), which is held
+// under token (the write is tried again with what was read), COMPLETED
+// under token (done), or lost.
+func (s *Store) reread(op, key string, token idempotency.Token, k recordKeys, resp *clientv3.TxnResponse) (holderState, bool, error) {
+	rec, err := parseTxn(resp, k)
+	if err != nil {
+		return holderState{}, false, err
+	}
+	if rec.h != nil && rec.token == token {
+		switch rec.state {
+		case stateStarted:
+			return rec.holderState(), false, nil
+		case stateCompleted:
+			s.holders.drop(key, token)
+			return holderState{}, true, nil
+		}
+	}
+	s.holders.drop(key, token)
+	return holderState{}, false, fmt.Errorf("%w: etcd store: %s of %q", idempotency.ErrLeaseLost, op, key)
+}
+
+// holderWrite runs the write that ops(st) builds for the record held under
+// token, as one transaction that commits only if the record is unchanged
+// since the store last wrote or read it (so that st, what the store
+// remembers, is exact), and otherwise reads it and tries again. It returns
+// the revision written, or done for a record already COMPLETED under token
+// (which only Complete accepts), or ErrLeaseLost. ops may ask for leases,
+// and return leases to forget if the server no longer has them.
+func (s *Store) holderWrite(ctx context.Context, op, key string, token idempotency.Token, ops func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error)) (st holderState, rev int64, done bool, err error) {
+	k := s.keys(key)
+	if st, done, err = s.known(ctx, op, key, token, k); err != nil || done {
+		return st, 0, done, err
+	}
+	for range maxCAS {
+		then, leases, err := ops(st)
+		if err != nil {
+			return st, 0, false, err
+		}
+		resp, err := s.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(k.holder()), "=", st.hRev),
+		).Then(then...).Else(k.readMeta(), k.readCheckpointNames()).Commit()
+		if isLeaseNotFound(err) {
+			s.leases.forget(leases...)
+			continue
+		}
+		if err != nil {
+			return st, 0, false, err
+		}
+		if resp.Succeeded {
+			return st, resp.Header.Revision, false, nil
+		}
+		if st, done, err = s.reread(op, key, token, k, resp); err != nil || done {
+			return st, 0, done, err
+		}
+	}
+	return st, 0, false, errContended
+}
+
+// Renew implements [idempotency.Store]: one transaction, committed only if
+// the record is unchanged since the store last saw it held under token
+// (so that it knows every key to re-attach), that writes a new live marker
+// and moves the record and its checkpoints to a life lease of lease plus
+// the grace. When the store has not seen the record, or it changed, it
+// reads it first.
 func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -435,63 +500,40 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	}
 	start := time.Now()
 	k := s.keys(key)
-	st := s.holders.get(key, token)
-	for range maxCAS {
-		if !st.known {
-			rec, err := s.read(ctx, k)
-			if err != nil {
-				return s.wrap(ctx, "renew", err)
-			}
-			if !rec.heldBy(token) {
-				s.holders.drop(key, token)
-				return fmt.Errorf("%w: etcd store: renew of %q", idempotency.ErrLeaseLost, key)
-			}
-			st = rec.holderState()
-		}
-		live, life, err := s.twoLeases(ctx, lease, lease+st.grace, start)
+	var life clientv3.LeaseID
+	st, rev, done, err := s.holderWrite(ctx, "renew", key, token, func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error) {
+		live, l, err := s.twoLeases(ctx, lease, lease+st.meta.grace, start)
 		if err != nil {
-			return s.wrap(ctx, "renew", err)
+			return nil, nil, err
 		}
-		ops := make([]clientv3.Op, 0, 3+len(st.names))
+		life = l
+		ops := make([]clientv3.Op, 0, 2+len(st.names))
 		ops = append(ops,
 			clientv3.OpPut(k.holder(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)),
-			clientv3.OpPut(k.ident(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)),
 			clientv3.OpPut(k.live(), liveValue(lease), clientv3.WithLease(live)),
 		)
 		for _, n := range st.names {
 			ops = append(ops, clientv3.OpPut(k.checkpoint(n), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)))
 		}
-		resp, err := s.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.ModRevision(k.holder()), "=", st.hRev),
-			clientv3.Compare(clientv3.Value(k.holder()), "=", holderValue(stateStarted, token)),
-		).Then(ops...).Else(k.readMeta(), k.readCheckpointNames()).Commit()
-		if isLeaseNotFound(err) {
-			s.leases.forget(live, life)
-			continue
-		}
-		if err != nil {
-			return s.wrap(ctx, "renew", err)
-		}
-		if resp.Succeeded {
-			st.hRev, st.lease = resp.Header.Revision, life
-			s.holders.put(key, token, st)
-			return nil
-		}
-		if st, err = s.reread(ctx, "renew", key, token, k, resp); err != nil {
-			return err
-		}
+		return ops, []clientv3.LeaseID{live, life}, nil
+	})
+	switch {
+	case done:
+		return fmt.Errorf("%w: etcd store: renew of %q: completed", idempotency.ErrLeaseLost, key)
+	case err != nil:
+		return s.fail(ctx, "renew", err)
 	}
-	return s.wrap(ctx, "renew", errContended)
+	st.hRev, st.lease = rev, life
+	s.holders.put(key, token, st)
+	return nil
 }
 
-// Checkpoint implements [idempotency.Store]: one transaction that writes
-// the value on the record's life lease if the holder key holds token and
-// is unchanged since the store last wrote or read it (so the store knows
-// the lease and every checkpoint name; when it does not, or the record
-// changed, the transaction reads the record instead and a second one
-// writes). It also rewrites the holder key in place, so that a renewal or
-// takeover that read the record before it does not commit without
-// re-attaching the new checkpoint.
+// Checkpoint implements [idempotency.Store]: one transaction, committed
+// only if the record is unchanged since the store last saw it held under
+// token, that writes the value on the record's life lease and rewrites the
+// record in place (so that a renewal or takeover that read the record
+// before it cannot commit without re-attaching the new checkpoint). When
+// the store has not seen the record, or it changed, it reads it first.
 func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -500,41 +542,35 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 		return fmt.Errorf("%w: etcd store: checkpoint %q of %d bytes, above MaxValueSize %d", idempotency.ErrTooLarge, name, len(value), s.maxValue)
 	}
 	k := s.keys(key)
-	st := s.holders.get(key, token)
-	for range maxCAS {
-		if st.known && !slices.Contains(st.names, name) && len(st.names) >= s.maxCheckpoints {
-			return fmt.Errorf("%w: etcd store: checkpoint %q would be the record's %dth, above MaxCheckpoints %d", idempotency.ErrTooLarge, name, len(st.names)+1, s.maxCheckpoints)
+	st, rev, done, err := s.holderWrite(ctx, "checkpoint", key, token, func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error) {
+		if !slices.Contains(st.names, name) && len(st.names) >= s.maxCheckpoints {
+			return nil, nil, fmt.Errorf("%w: etcd store: checkpoint %q would be the record's %dth, above MaxCheckpoints %d", idempotency.ErrTooLarge, name, len(st.names)+1, s.maxCheckpoints)
 		}
-		resp, err := s.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.ModRevision(k.holder()), "=", st.hRev),
-			clientv3.Compare(clientv3.Value(k.holder()), "=", holderValue(stateStarted, token)),
-		).Then(
+		return []clientv3.Op{
 			clientv3.OpPut(k.checkpoint(name), string(value), clientv3.WithLease(st.lease)),
 			clientv3.OpPut(k.holder(), "", clientv3.WithIgnoreValue(), clientv3.WithIgnoreLease()),
-		).Else(k.readMeta(), k.readCheckpointNames()).Commit()
-		if err != nil {
-			return s.wrapWrite(ctx, "checkpoint", err)
-		}
-		if resp.Succeeded {
-			st.hRev = resp.Header.Revision
-			if !slices.Contains(st.names, name) {
-				st.names = append(slices.Clip(st.names), name)
-			}
-			s.holders.put(key, token, st)
-			return nil
-		}
-		if st, err = s.reread(ctx, "checkpoint", key, token, k, resp); err != nil {
-			return err
-		}
+		}, nil, nil
+	})
+	switch {
+	case done:
+		return fmt.Errorf("%w: etcd store: checkpoint of %q: completed", idempotency.ErrLeaseLost, key)
+	case err != nil:
+		return s.fail(ctx, "checkpoint", err)
 	}
-	return s.wrap(ctx, "checkpoint", errContended)
+	st.hRev = rev
+	if !slices.Contains(st.names, name) {
+		st.names = append(slices.Clip(st.names), name)
+	}
+	s.holders.put(key, token, st)
+	return nil
 }
 
-// Complete implements [idempotency.Store]: one transaction that, if the
-// holder key holds token in STARTED, rewrites it as COMPLETED, writes the
-// result, moves the identity to a retention lease and deletes the live
-// marker and the checkpoints; else, in the same transaction, checks
-// whether it is already COMPLETED under token.
+// Complete implements [idempotency.Store]: one transaction, committed only
+// if the record is unchanged since the store last saw it held under token,
+// that rewrites it as COMPLETED with the result on a retention lease and
+// deletes its checkpoints. When the store has not seen the record, or it
+// changed, it reads it first; a record already COMPLETED under token is a
+// success that changes nothing.
 func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -547,49 +583,34 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	}
 	start := time.Now()
 	k := s.keys(key)
-	for range maxCAS {
+	_, _, _, err := s.holderWrite(ctx, "complete", key, token, func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error) {
 		keep, err := s.leases.get(ctx, retention, start)
 		if err != nil {
-			return s.wrap(ctx, "complete", err)
+			return nil, nil, err
 		}
-		done := holderValue(stateCompleted, token)
-		resp, err := s.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.Value(k.holder()), "=", holderValue(stateStarted, token)),
-		).Then(
-			clientv3.OpPut(k.holder(), done, clientv3.WithLease(keep)),
-			clientv3.OpPut(k.ident(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(keep)),
-			clientv3.OpPut(k.result(), string(result), clientv3.WithLease(keep)),
-			clientv3.OpDelete(k.live()),
-			clientv3.OpDelete(k.cpStart(), clientv3.WithRange(k.cpEnd())),
-		).Else(
-			clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(k.holder()), "=", done)}, nil, nil),
-		).Commit()
-		if isLeaseNotFound(err) {
-			s.leases.forget(keep)
-			continue
+		ops := []clientv3.Op{clientv3.OpPut(k.holder(), encodeRecord(stateCompleted, token, st.meta, result), clientv3.WithLease(keep))}
+		if len(st.names) > 0 {
+			ops = append(ops, clientv3.OpDelete(k.cpStart(), clientv3.WithRange(k.cpEnd())))
 		}
-		if err != nil {
-			return s.wrapWrite(ctx, "complete", err)
-		}
-		s.holders.drop(key, token)
-		if resp.Succeeded || resp.Responses[0].GetResponseTxn().Succeeded {
-			return nil
-		}
-		return fmt.Errorf("%w: etcd store: complete of %q", idempotency.ErrLeaseLost, key)
+		return ops, []clientv3.LeaseID{keep}, nil
+	})
+	s.holders.drop(key, token)
+	if err != nil {
+		return s.fail(ctx, "complete", err)
 	}
-	return s.wrap(ctx, "complete", errContended)
+	return nil
 }
 
 // Release implements [idempotency.Store]: one transaction that deletes
-// every key of the record if the holder key holds token in STARTED; else,
-// in the same transaction, checks whether the record is absent.
+// every key of the record if it is STARTED under token, and else, in the
+// same transaction, checks whether it is absent.
 func (s *Store) Release(ctx context.Context, key string, token idempotency.Token) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	k := s.keys(key)
 	resp, err := s.client.Txn(ctx).If(
-		clientv3.Compare(clientv3.Value(k.holder()), "=", holderValue(stateStarted, token)),
+		heldBy(k, stateStarted, token)...,
 	).Then(
 		clientv3.OpDelete(k.base, clientv3.WithRange(k.allEnd())),
 	).Else(
@@ -605,30 +626,6 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	return fmt.Errorf("%w: etcd store: release of %q", idempotency.ErrLeaseLost, key)
 }
 
-// reread is the end of a holder's write whose compares failed: its Else
-// branch read the record (readMeta, readCheckpointNames), which is either
-// held under token (the write is tried again with what was read) or lost.
-func (s *Store) reread(ctx context.Context, op, key string, token idempotency.Token, k recordKeys, resp *clientv3.TxnResponse) (holderState, error) {
-	rec, err := parseTxn(resp, k)
-	if err != nil {
-		return holderState{}, s.wrap(ctx, op, err)
-	}
-	if !rec.heldBy(token) {
-		s.holders.drop(key, token)
-		return holderState{}, fmt.Errorf("%w: etcd store: %s of %q", idempotency.ErrLeaseLost, op, key)
-	}
-	return rec.holderState(), nil
-}
-
-// read reads the record in one transaction.
-func (s *Store) read(ctx context.Context, k recordKeys) (record, error) {
-	resp, err := s.client.Txn(ctx).Then(k.readMeta(), k.readCheckpointNames()).Commit()
-	if err != nil {
-		return record{}, err
-	}
-	return parseTxn(resp, k)
-}
-
 func (k recordKeys) readMeta() clientv3.Op {
 	return clientv3.OpGet(k.metaStart(), clientv3.WithRange(k.metaEnd()))
 }
@@ -639,10 +636,13 @@ func (k recordKeys) readCheckpointNames() clientv3.Op {
 
 // record is a record as one transaction read it.
 type record struct {
-	rev                         int64 // the revision it was read at
-	holder, ident, live, result *mvccpb.KeyValue
-	meta                        meta
-	names                       []string // checkpoint names
+	rev     int64            // the revision it was read at
+	h, live *mvccpb.KeyValue // the record's key and its live marker
+	state   byte
+	token   idempotency.Token
+	meta    meta
+	result  []byte   // aliases h.Value
+	names   []string // checkpoint names, when read
 }
 
 // parseTxn parses the two ranges that start a transaction's responses.
@@ -659,13 +659,9 @@ func parseRecord(rev int64, metaRange, cpRange interface {
 	for _, kv := range metaRange.GetKvs() {
 		switch string(kv.Key) {
 		case k.holder():
-			rec.holder = kv
-		case k.ident():
-			rec.ident = kv
+			rec.h = kv
 		case k.live():
 			rec.live = kv
-		case k.result():
-			rec.result = kv
 		}
 	}
 	if cpRange != nil { // nil: the names were not read
@@ -673,45 +669,29 @@ func parseRecord(rev int64, metaRange, cpRange interface {
 			rec.names = append(rec.names, strings.TrimPrefix(string(kv.Key), k.cpStart()))
 		}
 	}
-	if rec.holder == nil {
+	if rec.h == nil {
 		return rec, nil
 	}
-	if rec.ident == nil || len(rec.holder.Value) == 0 {
-		return rec, errCorrupt
-	}
-	m, err := decodeMeta(rec.ident.Value)
-	if err != nil {
-		return rec, err
-	}
-	rec.meta = m
-	return rec, nil
-}
-
-// state returns the record's state and holder's token.
-func (rec record) state() (byte, idempotency.Token) {
-	return rec.holder.Value[0], idempotency.Token(rec.holder.Value[1:])
-}
-
-// heldBy reports whether the record is STARTED under token.
-func (rec record) heldBy(token idempotency.Token) bool {
-	return rec.holder != nil && string(rec.holder.Value) == holderValue(stateStarted, token)
+	var err error
+	rec.state, rec.token, rec.meta, rec.result, err = decodeRecord(rec.h.Value)
+	return rec, err
 }
 
 // fence is the record's fence: the last takeover's, or the revision that
-// created the holder key.
+// created the record's key.
 func (rec record) fence() int64 {
 	if rec.meta.fence != 0 {
 		return rec.meta.fence
 	}
-	return rec.holder.CreateRevision
+	return rec.h.CreateRevision
 }
 
-// holderState is what the store remembers of a record it read.
+// holderState is what the store remembers of a STARTED record it read.
 func (rec record) holderState() holderState {
 	return holderState{
-		hRev:  rec.holder.ModRevision,
-		lease: clientv3.LeaseID(rec.holder.Lease),
-		grace: rec.meta.grace,
+		hRev:  rec.h.ModRevision,
+		lease: clientv3.LeaseID(rec.h.Lease),
+		meta:  rec.meta,
 		names: rec.names,
 		known: true,
 	}
@@ -726,14 +706,26 @@ func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("etcd store: %s: %w", op, err)
 }
 
-// wrapWrite is wrap for a write that carried a value: a request the server
-// (or the client, before sending) refused as too large wrote nothing, and
-// is reported as idempotency.ErrTooLarge.
-func (s *Store) wrapWrite(ctx context.Context, op string, err error) error {
-	if errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted {
+// fail is the error of a holder's write: the store's own refusals
+// (ErrLeaseLost, ErrTooLarge) as they are; a request the server (or the
+// client, before sending) refused as too large, which wrote nothing, as
+// idempotency.ErrTooLarge; anything else wrapped.
+func (s *Store) fail(ctx context.Context, op string, err error) error {
+	switch {
+	case errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrTooLarge):
+		return err
+	case errors.Is(err, rpctypes.ErrRequestTooLarge) || tooLargeToSend(err):
 		return fmt.Errorf("%w: etcd store: %s: %w", idempotency.ErrTooLarge, op, err)
 	}
 	return s.wrap(ctx, op, err)
+}
+
+// tooLargeToSend reports gRPC's refusal to send a message above the
+// client's limit (2 MiB for etcd's client). etcd's "too many requests" has
+// the same code, ResourceExhausted, and is not one.
+func tooLargeToSend(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
 }
 
 func isLeaseNotFound(err error) bool {

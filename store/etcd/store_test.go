@@ -117,13 +117,16 @@ func TestFencesAreRevisions(t *testing.T) {
 }
 
 // TestDeadlinesAreLeases checks that every deadline is an etcd lease with
-// the TTL asked for: the live marker's lease is the holder's, the other
-// keys' lease plus grace, and the retention once completed.
+// the TTL asked for: the live marker's lease is the holder's, the record's
+// and its checkpoints' lease plus grace, and the retention once completed.
 func TestDeadlinesAreLeases(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c, nil)
 	ctx := t.Context()
 	claim(t, s, "k", tok("a"), 5*time.Second, 10*time.Second)
+	if err := s.Checkpoint(ctx, "k", tok("a"), "step", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
 	ttl := func(key string) int64 {
 		t.Helper()
 		kv, err := c.Get(ctx, key)
@@ -140,22 +143,31 @@ func TestDeadlinesAreLeases(t *testing.T) {
 	if got := ttl(base + "l"); got != 5 {
 		t.Errorf("live marker's lease TTL %d, want 5 (the lease)", got)
 	}
-	for _, k := range []string{"h", "i"} {
+	for _, k := range []string{"h", "c/step"} {
 		if got := ttl(base + k); got != 15 {
 			t.Errorf("%s's lease TTL %d, want 15 (lease plus grace)", k, got)
+		}
+	}
+	if err := s.Renew(ctx, "k", tok("a"), 7*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := ttl(base + "l"); got != 7 {
+		t.Errorf("live marker's lease TTL after Renew(7s) %d, want 7", got)
+	}
+	for _, k := range []string{"h", "c/step"} {
+		if got := ttl(base + k); got != 17 {
+			t.Errorf("%s's lease TTL after Renew(7s) %d, want 17 (the new lease plus grace)", k, got)
 		}
 	}
 	if err := s.Complete(ctx, "k", tok("a"), []byte("r"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"h", "i", "r"} {
-		// 3600s plus at most the 5% window (3 minutes, capped at 1).
-		if got := ttl(base + k); got < 3600 || got > 3660 {
-			t.Errorf("%s's lease TTL once completed %d, want the retention, 3600 to 3660", k, got)
-		}
+	// 3600s plus at most the 5% window (3 minutes, capped at 1).
+	if got := ttl(base + "h"); got < 3600 || got > 3660 {
+		t.Errorf("the record's lease TTL once completed %d, want the retention, 3600 to 3660", got)
 	}
-	if kv, _ := c.Get(ctx, base+"l"); len(kv.Kvs) != 0 {
-		t.Error("the live marker survived Complete")
+	if kv, _ := c.Get(ctx, base+"c/", clientv3.WithPrefix()); len(kv.Kvs) != 0 {
+		t.Error("a checkpoint survived Complete")
 	}
 }
 
