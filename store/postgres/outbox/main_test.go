@@ -26,9 +26,10 @@ import (
 //
 // Connections: one shared pool of testPoolSize, plus one LISTEN connection
 // per running relay (at most four at a time) and a few small pools of
-// tests that need their own (killed relays, query modes): under 25 in all,
-// which fits PostgreSQL's stock max_connections of 100 next to the other
-// suites.
+// tests that need their own (killed relays, query modes): 15 at most, 10
+// at the peak measured, which fits PostgreSQL's stock max_connections of
+// 100 next to the other suites. Every connection is named outbox_test
+// (or outbox-relay-...) in pg_stat_activity.
 
 const urlHelp = "IDEM_POSTGRES_URL is not set: run scripts/test.sh (it starts a throwaway PostgreSQL), " +
 	"or set IDEM_POSTGRES_URL=postgres://user@host:port/db to a server where this user may create schemas"
@@ -112,9 +113,10 @@ func openPool(url string, mode pgx.QueryExecMode, maxConns int32, appName string
 	}
 	cfg.ConnConfig.DefaultQueryExecMode = mode
 	cfg.MaxConns = maxConns
-	if appName != "" {
-		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	if appName == "" {
+		appName = "outbox_test" // to count the tests' connections in pg_stat_activity
 	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
