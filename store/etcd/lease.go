@@ -84,6 +84,17 @@ func newLeasePool(c Client) *leasePool {
 	return &leasePool{client: c, byTTL: make(map[int64]*leaseClass)}
 }
 
+// pooled returns a lease of the pool that lasts at least need from start,
+// if there is one, without waiting.
+func (p *leasePool) pooled(need time.Duration, start time.Time) (clientv3.LeaseID, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.byTTL[ttlFor(need)]; c != nil && c.cur != nil && c.cur.lasts(start, need) {
+		return c.cur.id, true
+	}
+	return 0, false
+}
+
 // get returns a lease that lasts at least need from start, granting one if
 // none of the pool's does.
 func (p *leasePool) get(ctx context.Context, need time.Duration, start time.Time) (clientv3.LeaseID, error) {

@@ -315,7 +315,18 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 // twoLeases returns the live marker's lease and the record's life lease,
 // asking the server for both at once when neither is in the pool.
 func (s *Store) twoLeases(ctx context.Context, live, life time.Duration, start time.Time) (clientv3.LeaseID, clientv3.LeaseID, error) {
-	var lifeID clientv3.LeaseID
+	liveID, ok1 := s.leases.pooled(live, start)
+	lifeID, ok2 := s.leases.pooled(life, start)
+	switch {
+	case ok1 && ok2:
+		return liveID, lifeID, nil
+	case ok1:
+		lifeID, err := s.leases.get(ctx, life, start)
+		return liveID, lifeID, err
+	case ok2:
+		liveID, err := s.leases.get(ctx, live, start)
+		return liveID, lifeID, err
+	}
 	var lifeErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { lifeID, lifeErr = s.leases.get(ctx, life, start) })
