@@ -10,10 +10,10 @@ import (
 // holderState is what the store remembers of a record held under a token
 // after it last wrote or read it: enough to renew it or write a checkpoint
 // in one transaction. It is only a guess: every transaction that relies
-// on it compares the holder key's revision or lease, and reads the record
-// when they differ.
+// on it compares the record's revision, and reads the record when they
+// differ.
 type holderState struct {
-	hRev  int64            // the holder key's mod revision
+	hRev  int64            // the record key's mod revision
 	lease clientv3.LeaseID // the record's life lease
 	meta  meta
 	names []string // checkpoint names; shared, never changed in place

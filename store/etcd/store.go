@@ -2,9 +2,9 @@
 // client go.etcd.io/etcd/client/v3. It works with etcd 3.4 and later.
 //
 // Every decision is one etcd transaction with compares: a claim creates a
-// record if its holder key is absent, or reads the record and then takes
-// it over (or renews a repeated claim) with a transaction that commits only
-// if the record did not change since it was read. Fences are etcd
+// record if its key is absent, or reads the record and then takes it over
+// (or renews a repeated claim) with a transaction that commits only if the
+// record did not change since it was read. Fences are etcd
 // revisions, which strictly increase across the whole cluster; deadlines
 // are etcd leases, counted by the leader's clock. See the README for the
 // data model, what a leader change does to leases, compaction and the
@@ -184,9 +184,9 @@ func (s *Store) Limits() idempotency.Limits {
 	return idempotency.Limits{MinLease: time.Duration(max(resp.TTL, 1)) * time.Second}
 }
 
-// Key returns the etcd key of the holder of storageKey's record (the
-// record's other keys share its prefix up to the NUL byte before the last
-// one), for tests and operators.
+// Key returns the etcd key of storageKey's record (its live marker and
+// checkpoints share the key's prefix up to the NUL byte before its last
+// byte), for tests and operators.
 func (s *Store) Key(storageKey string) string { return s.keys(storageKey).holder() }
 
 // maxCAS bounds the transactions one operation sends when the record keeps

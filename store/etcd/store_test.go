@@ -78,10 +78,10 @@ func TestFencesAreRevisions(t *testing.T) {
 	a := claim(t, s, "k", tok("a"), time.Second, time.Hour)
 	kv, err := c.Get(ctx, s.Key("k"))
 	if err != nil || len(kv.Kvs) != 1 {
-		t.Fatalf("reading the holder key: %v %v", kv, err)
+		t.Fatalf("reading the record key: %v %v", kv, err)
 	}
 	if a.Fence != kv.Kvs[0].CreateRevision {
-		t.Errorf("fresh fence %d, want the holder key's create revision %d", a.Fence, kv.Kvs[0].CreateRevision)
+		t.Errorf("fresh fence %d, want the record key's create revision %d", a.Fence, kv.Kvs[0].CreateRevision)
 	}
 	if again := claim(t, s, "k", tok("a"), time.Second, time.Hour); again.Fence != a.Fence {
 		t.Errorf("repeated claim: fence %d, want %d", again.Fence, a.Fence)
@@ -291,6 +291,6 @@ func TestNamespace(t *testing.T) {
 	sk, _ := r.StorageKey(req)
 	kv, err := c.Get(ctx, ns+s.Key(sk))
 	if err != nil || len(kv.Kvs) != 1 || !bytes.HasPrefix(kv.Kvs[0].Value, []byte("c")) {
-		t.Errorf("holder key under the namespace: %v %v", kv, err)
+		t.Errorf("record key under the namespace: %v %v", kv, err)
 	}
 }

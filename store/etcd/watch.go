@@ -16,7 +16,7 @@ var errWatchClosed = errors.New("etcd store: watch closed")
 // deleted, or is not STARTED when Watch begins, or when ctx is done
 // (returning ctx's error).
 //
-// It reads the holder key, then watches it from the next revision, so a
+// It reads the record's key, then watches it from the next revision, so a
 // change made after the read is never missed, and returns at the first
 // event that deletes the key or changes its value (a renewal or a
 // checkpoint rewrites it with the same value and is ignored). A watch that
