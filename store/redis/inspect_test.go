@@ -643,3 +643,31 @@ func TestIndexMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestStuckAfterScriptFlush: Stuck's pipelined scripts survive servers
+// that lost their script cache (NOSCRIPT in the pipeline: the scripts run
+// again with EVAL), on a single server and on every node of a cluster.
+func TestStuckAfterScriptFlush(t *testing.T) {
+	for _, tc := range deployments {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(t)
+			s := newStore(t, c, nil)
+			ctx := context.Background()
+			var want []string
+			for i := range 20 {
+				k := fmt.Sprintf("4:st%02d", i)
+				mustClaim(t, s, claimGrace(k, "a", shortLease, longGrace), idempotency.OutcomeAcquired)
+				want = append(want, k)
+			}
+			time.Sleep(pastLease)
+			if err := flushScripts(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			got := listStuck(t, s, 1000)
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Fatalf("Stuck after SCRIPT FLUSH listed %v, want %v", got, want)
+			}
+		})
+	}
+}
