@@ -69,9 +69,7 @@ func (t *Table) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error
 		m := d
 		m.Headers = nil
 		if headers != nil {
-			if err := json.Unmarshal([]byte(*headers), &m.Headers); err != nil {
-				return fmt.Errorf("headers of event %s: %w", m.ID, err)
-			}
+			m.Headers, _ = decodeHeaders(*headers) // listing a dead event matters more than its headers
 		}
 		m.Payload = append([]byte(nil), d.Payload...)
 		out = append(out, m)
@@ -98,4 +96,23 @@ func (t *Table) Redrive(ctx context.Context, ids ...string) (int, error) {
 		return 0, wrapErr(ctx, "redrive", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// decodeHeaders decodes the headers column: a JSON object whose string
+// values are taken as they are and other values (written by hand) as their
+// JSON text.
+func decodeHeaders(s string) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, fmt.Errorf("outbox: the event's headers are not a JSON object: %w", err)
+	}
+	h := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var str string
+		if json.Unmarshal(v, &str) != nil {
+			str = string(v)
+		}
+		h[k] = str
+	}
+	return h, nil
 }

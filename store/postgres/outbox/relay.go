@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -354,7 +353,8 @@ func (r *Relay) batch(ctx context.Context) (claimed, sent int, retryIn time.Dura
 }
 
 // claim takes a batch. Events that the claim dead-lettered come back with
-// the outcome skipped.
+// the outcome skipped, and events whose headers are not a JSON object
+// already failed (for good).
 func (r *Relay) claim(ctx context.Context, token string) ([]item, []outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.t.opts.Timeout)
 	defer cancel()
@@ -372,16 +372,19 @@ func (r *Relay) claim(ctx context.Context, token string) ([]item, []outcome, err
 	)
 	_, err = pgx.ForEachRow(rows, []any{&c.id, &c.m.ID, &c.m.Topic, &c.m.Key, &c.m.Payload, &headers, &c.m.Attempt, &c.m.EnqueuedAt, &dead, &lastErr}, func() error {
 		e := c
-		if headers != nil {
-			if err := json.Unmarshal([]byte(*headers), &e.m.Headers); err != nil {
-				return fmt.Errorf("headers of event %s: %w", e.m.ID, err)
-			}
-		}
 		o := outcome{}
-		if dead {
+		switch {
+		case dead:
 			o.kind = skipped
 			if lastErr != nil {
 				o.err = errors.New(*lastErr)
+			}
+		case headers != nil:
+			var err error
+			if e.m.Headers, err = decodeHeaders(*headers); err != nil {
+				// Written by hand (Enqueue writes an object): this event
+				// cannot be sent as it is, the others can.
+				o = outcome{kind: failed, err: err, delay: -1}
 			}
 		}
 		batch = append(batch, e)
@@ -420,7 +423,7 @@ func (r *Relay) sendAll(ctx context.Context, batch []item, out []outcome, stopBy
 		for next < len(batch) {
 			i := next
 			next++
-			if out[i].kind == skipped || ctx.Err() != nil || time.Until(stopBy) < r.opts.SendTimeout {
+			if out[i].kind != unsent || ctx.Err() != nil || time.Until(stopBy) < r.opts.SendTimeout {
 				continue
 			}
 			w.i, w.since = i, time.Now()

@@ -676,3 +676,26 @@ func TestDeleteDelivered(t *testing.T) {
 		t.Fatalf("dead letter %s", d[0].ID)
 	}
 }
+
+// Headers written by hand: values that are not strings reach the sender
+// as their JSON text; headers that are not an object fail their event for
+// good, and the rest of its batch is delivered.
+func TestHandWrittenHeaders(t *testing.T) {
+	pool := testPool(t)
+	tb := newTable(t, pool, nil)
+	evs := events(5, nil)
+	enqueue(t, pool, tb, 5, evs)
+	if _, err := pool.Exec(context.Background(), "UPDATE "+qualified(tb)+` SET headers = CASE WHEN event_id = $1 THEN '[1]'::jsonb ELSE '{"n": 1, "s": "x"}' END`, evs[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	start(t, newRelay(t, tb, rec, outbox.RelayOptions{}))
+	waitFor(t, 10*time.Second, "4 deliveries", func() bool { return len(rec.delivered()) == 4 })
+	d := waitDead(t, tb, 1)
+	if d[0].ID != evs[2].ID || !strings.Contains(d[0].LastError, "headers") || rec.triesOf(evs[2].ID) != 0 {
+		t.Fatalf("dead letter %s (%q), sent %d times", d[0].ID, d[0].LastError, rec.triesOf(evs[2].ID))
+	}
+	if h := rec.delivered()[0].Headers; h["n"] != "1" || h["s"] != "x" {
+		t.Fatalf("headers %v", h)
+	}
+}
