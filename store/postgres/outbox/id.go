@@ -9,8 +9,8 @@ import (
 // NewEventID returns a new random event ID: a version 7 UUID (RFC 9562) in
 // its 36-character text form, 48 bits of Unix milliseconds and 74 random
 // bits. Enqueue uses it for events without an ID; call it yourself to know
-// an event's ID before enqueueing it. Time-ordered IDs keep the table's
-// unique index appending at its right edge.
+// an event's ID before enqueueing it. Being time-ordered, the IDs keep a
+// receiver's index of them (its inbox) growing at its right edge.
 func NewEventID() string {
 	var b [16]byte
 	ms := uint64(time.Now().UnixMilli())

@@ -70,9 +70,9 @@ type Options struct {
 	Schema string
 	// Table is the table's name; its indexes (Table+"_pending_idx",
 	// "_key_idx", "_done_idx", "_dead_idx") and its notification channel
-	// are named after it. It must be an identifier:
-	// a letter or underscore, then letters, digits or underscores, at most
-	// 48 bytes (63 for the schema). Default: [DefaultTable].
+	// are named after it. It must be an identifier: a letter or
+	// underscore, then letters, digits or underscores, at most 48 bytes
+	// (63 for the schema). Default: [DefaultTable].
 	Table string
 	// MaxPayloadSize is the largest payload, in bytes, that Enqueue
 	// accepts; a larger one is refused before anything is written. At most
