@@ -286,11 +286,11 @@ func TestRelayKilledMidBatch(t *testing.T) {
 			if lastAttempt {
 				maxAttempts = 1
 			}
-			const lease = 2 * time.Second
+			const lease = 3 * time.Second
 			app := "outbox-relay-" + randomHex(4)
 			poolA := ownPool(t, pgx.QueryExecModeCacheStatement, 2, app)
 			dbA := &killableDB{pool: poolA}
-			fast := &outbox.Options{Table: outbox.TableName(tb), Timeout: 300 * time.Millisecond}
+			fast := &outbox.Options{Table: outbox.TableName(tb), Timeout: time.Second}
 			tbA := tableOn(t, dbA, fast)
 			bs := newBlockingSender()
 			stopA := start(t, newRelay(t, tbA, bs, outbox.RelayOptions{
@@ -571,12 +571,12 @@ func TestNotificationWakesRelay(t *testing.T) {
 // again, and none is sent twice.
 func TestLeaseBoundsBatch(t *testing.T) {
 	pool := testPool(t)
-	tb := newTable(t, pool, &outbox.Options{Timeout: 300 * time.Millisecond})
+	tb := newTable(t, pool, &outbox.Options{Timeout: time.Second})
 	rec := newRecorder()
-	rec.setFail(func(outbox.Message) error { time.Sleep(100 * time.Millisecond); return nil })
-	// Sends may start until 1s - 300ms (recording) - 50ms (grace) - 200ms
-	// (a send): about 4 of the batch of 20 per claim.
-	start(t, newRelay(t, tb, rec, outbox.RelayOptions{BatchSize: 20, Lease: time.Second, SendTimeout: 200 * time.Millisecond}))
+	rec.setFail(func(outbox.Message) error { time.Sleep(250 * time.Millisecond); return nil })
+	// Sends may start until 3s - 1s (recording) - 75ms (grace) - 300ms
+	// (a send): about 7 of the batch of 20 per claim.
+	start(t, newRelay(t, tb, rec, outbox.RelayOptions{BatchSize: 20, Lease: 3 * time.Second, SendTimeout: 300 * time.Millisecond}))
 	enqueue(t, pool, tb, 20, events(20, nil))
 	waitFor(t, 20*time.Second, "all 20 delivered", func() bool { return len(rec.delivered()) == 20 })
 	if d := rec.distinct(); d != 20 {
@@ -593,7 +593,7 @@ func TestLeaseBoundsBatch(t *testing.T) {
 // grace; the attempt counts as failed, and the next one is made.
 func TestSenderIgnoringContextIsAbandoned(t *testing.T) {
 	pool := testPool(t)
-	tb := newTable(t, pool, &outbox.Options{Timeout: 300 * time.Millisecond})
+	tb := newTable(t, pool, &outbox.Options{Timeout: time.Second})
 	stuck := make(chan struct{})
 	defer close(stuck)
 	rec := newRecorder()
@@ -603,7 +603,7 @@ func TestSenderIgnoringContextIsAbandoned(t *testing.T) {
 		}
 		return nil
 	})
-	start(t, newRelay(t, tb, rec, outbox.RelayOptions{Lease: 2 * time.Second, SendTimeout: 100 * time.Millisecond}))
+	start(t, newRelay(t, tb, rec, outbox.RelayOptions{Lease: 3 * time.Second, SendTimeout: 100 * time.Millisecond}))
 	enqueue(t, pool, tb, 1, []outbox.Event{{ID: "e"}})
 	waitFor(t, 10*time.Second, "the second attempt", func() bool { return len(rec.delivered()) == 1 })
 	if m := rec.delivered()[0]; m.Attempt != 2 {
