@@ -18,10 +18,10 @@ import (
 // left STARTED is taken over after its lease.
 func TestNoQuorum(t *testing.T) {
 	const (
-		lease        = 3 * time.Second
-		storeTimeout = time.Second
+		lease        = 2 * time.Second
+		storeTimeout = 500 * time.Millisecond
 	)
-	bound := idempotency.DefaultStoreAttempts*storeTimeout + 2*time.Second
+	bound := idempotency.DefaultStoreAttempts*storeTimeout + 1500*time.Millisecond
 	c := etcdtest.Start(t, 3, etcdtest.Fast)
 	store, err := idemetcd.New(c.Client(t), &idemetcd.Options{Prefix: "quorum/"})
 	if err != nil {
