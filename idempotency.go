@@ -7,9 +7,11 @@
 //
 // The state machine (STARTED → COMPLETED, with leases, fencing and
 // takeover of crashed holders) is decided by a [Store]: the in-memory
-// store in store/memory, the PostgreSQL and Redis adapters (each in its
-// own module, so that this package imports no database driver), or an
-// adapter of your own proven with the conformancetest package.
+// store in store/memory, the PostgreSQL, Redis, etcd and MongoDB adapters
+// (each in its own module, so that this package imports no database
+// driver), or an adapter of your own proven with the conformancetest
+// package. Beyond [Do]: the inbox package for consumers, [Reconcile] for
+// records a crashed holder left, and [Runner.Inspect] for operators.
 //
 // What is guaranteed, and what is not: at most one live lease per key; a
 // holder whose lease was taken over can never complete, checkpoint or
