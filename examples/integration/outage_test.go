@@ -3,12 +3,11 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"github.com/exactlyonce/idempotency/internal/nettest"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,49 +20,11 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// blackHole listens on loopback and accepts connections that it never
-// answers: a server behind a network that drops every reply.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
+// blackHole and closedPort are the shared unreachable servers.
+var (
+	blackHole  = nettest.BlackHole
+	closedPort = nettest.ClosedPort
+)
 
 // outageStores builds the stores to try against addr, each with its
 // driver's default options.
@@ -102,7 +63,7 @@ func TestStoreOutageGives503(t *testing.T) {
 	for name, mk := range outageStores {
 		for _, c := range []struct {
 			outage  string
-			addr    func(*testing.T) string
+			addr    func(testing.TB) string
 			opts    []idempotency.Option
 			want    time.Duration // the target
 			allowed time.Duration // what the test accepts

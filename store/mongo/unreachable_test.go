@@ -7,9 +7,7 @@ package mongo_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"sync"
+	"github.com/exactlyonce/idempotency/internal/nettest"
 	"testing"
 	"time"
 
@@ -19,51 +17,11 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// blackHole accepts connections, reads what it is sent and never answers.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(io.Discard, c) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
-// closedPort returns an address where nothing listens.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
+// blackHole and closedPort are the shared unreachable servers.
+var (
+	blackHole  = nettest.BlackHole
+	closedPort = nettest.ClosedPort
+)
 
 // TestUnreachable runs Do against servers that cannot be reached, with
 // the driver's default options: it fails with a store error within the

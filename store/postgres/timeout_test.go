@@ -3,11 +3,10 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"io"
+	"github.com/exactlyonce/idempotency/internal/nettest"
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,53 +17,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// blackHole starts a TCP server that accepts connections, reads what it is
-// sent and never answers (a database that hangs, or a network that loses
-// every reply), and returns its address.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(io.Discard, c) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
-// closedPort returns an address where nothing listens.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
+// blackHole and closedPort are the shared unreachable servers.
+var (
+	blackHole  = nettest.BlackHole
+	closedPort = nettest.ClosedPort
+)
 
 // poolAt returns a pool with pgx's default options but the address, which
 // is that of the test server replaced by addr. Making it dials nothing.

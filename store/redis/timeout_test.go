@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"github.com/exactlyonce/idempotency/internal/nettest"
 	"io"
 	"net"
 	"sync"
@@ -14,6 +15,9 @@ import (
 	idemredis "github.com/exactlyonce/idempotency/store/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
+
+// closedPort is the shared address where nothing listens.
+var closedPort = nettest.ClosedPort
 
 // blackHole is a TCP server that accepts connections, reads what it is
 // sent and never answers: a server that hangs, or a network that loses
@@ -62,18 +66,6 @@ func newBlackHole(t *testing.T) *blackHole {
 }
 
 func (b *blackHole) Addr() string { return b.ln.Addr().String() }
-
-// closedPort returns an address where nothing listens.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
 
 // scriptingClient is a go-redis client the test closes.
 type scriptingClient interface {
