@@ -2,8 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency/store/postgres"
+	"github.com/exactlyonce/idempotency/store/postgres/internal/pgtest"
 	"github.com/exactlyonce/idempotency/store/postgres/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,8 +30,10 @@ import (
 // 100 next to the other suites. Every connection is named outbox_test
 // (or outbox-relay-...) in pg_stat_activity.
 
-const urlHelp = "IDEM_POSTGRES_URL is not set: run scripts/test.sh (it starts a throwaway PostgreSQL), " +
-	"or set IDEM_POSTGRES_URL=postgres://user@host:port/db to a server where this user may create schemas"
+var (
+	randomHex = pgtest.RandomHex
+	testURL   = pgtest.URL
+)
 
 const testPoolSize = 8
 
@@ -46,29 +47,10 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if sharedPool != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if _, err := sharedPool.Exec(ctx, "DROP SCHEMA IF EXISTS "+testSchema+" CASCADE"); err != nil {
-			fmt.Fprintln(os.Stderr, "dropping the test schema:", err)
-		}
-		cancel()
+		pgtest.DropSchema(sharedPool, testSchema)
 		sharedPool.Close()
 	}
 	os.Exit(code)
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func testURL(t testing.TB) string {
-	t.Helper()
-	u := os.Getenv("IDEM_POSTGRES_URL")
-	if u == "" {
-		t.Fatal(urlHelp)
-	}
-	return u
 }
 
 // testPool returns the shared pool, creating the test schema on first use.
@@ -82,14 +64,10 @@ func testPool(t testing.TB) *pgxpool.Pool {
 			return
 		}
 		sharedPool = p
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := p.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+testSchema); err != nil {
-			setupErr = err
-		}
+		setupErr = pgtest.CreateSchema(p, testSchema)
 	})
 	if setupErr != nil {
-		t.Fatalf("cannot use the PostgreSQL at IDEM_POSTGRES_URL (%v); run scripts/test.sh or point IDEM_POSTGRES_URL at a reachable server", setupErr)
+		t.Fatal(pgtest.Unreachable(setupErr))
 	}
 	return sharedPool
 }
@@ -107,27 +85,10 @@ func ownPool(t testing.TB, mode pgx.QueryExecMode, size int32, appName string) *
 }
 
 func openPool(url string, mode pgx.QueryExecMode, maxConns int32, appName string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	cfg.MaxConns = maxConns
 	if appName == "" {
 		appName = "outbox_test" // to count the tests' connections in pg_stat_activity
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = appName
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.Ping(ctx); err != nil {
-		p.Close()
-		return nil, err
-	}
-	return p, nil
+	return pgtest.OpenPool(url, mode, maxConns, appName)
 }
 
 // newTable returns a migrated outbox table on db in the test schema, in
