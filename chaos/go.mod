@@ -2,4 +2,31 @@ module github.com/exactlyonce/idempotency/chaos
 
 go 1.26.0
 
-require github.com/exactlyonce/idempotency v0.1.0
+require (
+	github.com/exactlyonce/idempotency v0.1.0
+	github.com/exactlyonce/idempotency/store/postgres v0.1.0
+	github.com/exactlyonce/idempotency/store/redis v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.23.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/gowebpki/jcs v1.0.2 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+// This module is never tagged or published. The replaces build it against
+// this checkout also with GOWORK=off; the published modules (the root and
+// store/*) have none, see RELEASING.md.
+replace (
+	github.com/exactlyonce/idempotency => ../
+	github.com/exactlyonce/idempotency/store/postgres => ../store/postgres
+	github.com/exactlyonce/idempotency/store/redis => ../store/redis
+)
