@@ -1,4 +1,4 @@
-package chaos
+package chaos_test
 
 import (
 	"bufio"
@@ -25,6 +25,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/chaos"
 	"github.com/exactlyonce/idempotency/httpidem"
 	"github.com/exactlyonce/idempotency/store/postgres"
 	"github.com/exactlyonce/idempotency/store/redis"
@@ -34,7 +35,7 @@ import (
 // internal/paysvc runs as a child process, clients with httpidem's
 // retrying Transport pay through it, and the harness SIGKILLs it at a
 // drawn phase of a request (or at a drawn time), restarts it on the same
-// port and lets the clients retry until each gets its answer.
+// port and lets the clients retry until each gets its killAnswer.
 
 // killLease is the service's lease: a crashed holder's key is taken over
 // this long after its last renewal.
@@ -67,47 +68,68 @@ var killFault = map[string]string{
 }
 
 // scope is the scope the service's middleware gives every request.
-var scope = []string{"chaos", "POST /pay"}
+var killScope = []string{"chaos", "POST /pay"}
 
 // A killBackend is one way the service runs.
 type killBackend struct {
 	name   string // subtest name and the service's -mode
 	label  string // the tally's backend column
 	args   []string
-	runner *idempotency.Runner // on the service's store, to inspect keys
+	runner *idempotency.Runner // on the service's store, to inspect keys (never runs fn)
 	ledger string              // the ledger table
 	points []string
 }
 
 func TestProcessKill(t *testing.T) {
-	pgURL, redisAddr := serverEnv(t, "IDEM_POSTGRES_URL"), serverEnv(t, "IDEM_REDIS_ADDR")
-	bin := buildPaysvc(t)
+	pgURL, redisAddr := killEnv(t, "IDEM_POSTGRES_URL"), killEnv(t, "IDEM_REDIS_ADDR")
+	bin := killBuild(t)
 	ctx := context.Background()
-	pool := pgPool(t, pgURL)
+	pool := killPool(t, pgURL)
 	rdb := goredis.NewClient(&goredis.Options{Addr: redisAddr, PoolSize: 2})
 	t.Cleanup(func() { rdb.Close() })
 	run := fmt.Sprintf("chaoskill_%d_%08x", os.Getpid(), rand.Uint32())
 
-	var tally Tally
+	// The control: without the gateway's de-duplication by downstream key,
+	// a kill between the charge and its recovery point must show up as a
+	// second charge, or the trials below could not see one either.
+	t.Run("control", func(t *testing.T) {
+		ledger := run + "_control_ledger"
+		killCreateLedger(t, pool, ledger)
+		table := run + "_control_keys"
+		killPGStore(t, pool, table)
+		args := []string{"-mode", "pg-do", "-table", table, "-postgres", pgURL, "-ledger", ledger,
+			"-lease", killLease.String(), "-hooks", "-unsafe-no-downstream-dedup"}
+		p := killStart(t, bin, args, "127.0.0.1:0", &killPlan{point: killEffectUnrecorded})
+		key := httpidem.NewKey()
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		got := make(chan killAnswer, 1)
+		go func() { got <- killPay(cctx, p.addr, key, 1) }()
+		select {
+		case <-p.exited:
+		case <-cctx.Done():
+			t.Fatal("the service was not killed at " + killEffectUnrecorded)
+		}
+		killStart(t, bin, args, p.addr, nil)
+		a := <-got
+		charges := killLedgerRows(t, cctx, pool, ledger, []string{key})[key]
+		if a.err != nil || len(charges) != 2 || a.payment != charges[1].id || charges[1].fence <= charges[0].fence {
+			t.Errorf("got %+v and charges %+v, want 2 charges, the second with a greater fence and told to the client", a, charges)
+		}
+	})
+
+	var tally chaos.Tally
 	defer tally.Report(t)
 	for _, mode := range []string{"pg-do", "pg-tx", "redis-do"} {
 		t.Run(mode, func(t *testing.T) {
 			name := run + "_" + strings.ReplaceAll(mode, "-", "_")
 			b := &killBackend{name: mode, ledger: name + "_ledger"}
-			createLedger(t, pool, b.ledger)
+			killCreateLedger(t, pool, b.ledger)
 			var store idempotency.Store
 			switch mode {
 			case "pg-do", "pg-tx":
 				table := name + "_keys"
-				s, err := postgres.New(pool, &postgres.Options{Table: table})
-				if err != nil {
-					t.Fatal(err)
-				}
-				dropLater(t, pool, table)
-				if err := s.Migrate(ctx); err != nil {
-					t.Fatal(err)
-				}
-				store = s
+				store = killPGStore(t, pool, table)
 				b.args = []string{"-table", table}
 				b.label = "postgres (Do)"
 				b.points = []string{killBeforeEffect, killEffectUnrecorded, killAfterEffect, killAfterCompletion, killRandom}
@@ -121,16 +143,16 @@ func TestProcessKill(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				t.Cleanup(func() { deleteRedisKeys(t, rdb, prefix) })
+				t.Cleanup(func() { killDeleteRedisKeys(t, rdb, prefix) })
 				store = s
 				b.args = []string{"-prefix", prefix, "-redis", redisAddr}
 				b.label = "redis (Do)"
 				b.points = []string{killBeforeEffect, killEffectUnrecorded, killAfterEffect, killAfterCompletion, killRandom}
 			}
 			var err error
-			b.runner, err = idempotency.New(store, idempotency.WithUnsafeShortDurations(),
-				idempotency.WithLease(killLease), idempotency.WithRetention(10*time.Minute),
-				idempotency.WithStoreTimeout(killLease/3))
+			// Only to inspect: the defaults' store timeout (2s, not the
+			// service's lease/3) keeps a loaded machine from failing it.
+			b.runner, err = idempotency.New(store)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +160,7 @@ func TestProcessKill(t *testing.T) {
 				"-lease", killLease.String(), "-hooks")
 
 			var st killStats
-			n := Run(t, FromEnv(t, killTrials), func(t *testing.T, tr Trial) {
+			n := chaos.Run(t, chaos.FromEnv(t, killTrials), func(t *testing.T, tr chaos.Trial) {
 				tally.Add(killTrial(t, bin, b, pool, tr, &st))
 			})
 			t.Logf("%s: %d trials, %d kills; second charges stopped by the downstream key: %d; "+
@@ -178,19 +200,19 @@ type killPlan struct {
 	delay      time.Duration
 }
 
-// An answer is what one client finally got.
-type answer struct {
+// An killAnswer is what one client finally got.
+type killAnswer struct {
 	status  int
 	payment int64
 	at      time.Time
 	err     error
 }
 
-func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr Trial, st *killStats) Row {
+func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr chaos.Trial, st *killStats) chaos.Row {
 	// Draws, always in this order (see Trial.Rand).
 	intents := 1 + tr.Rand.IntN(3)
-	point := Pick(tr, b.points...)
-	plans := make([]killPlan, Pick(tr, 1, 1, 2))
+	point := chaos.Pick(tr, b.points...)
+	plans := make([]killPlan, chaos.Pick(tr, 1, 1, 2))
 	for i := range plans {
 		plans[i] = killPlan{point: point, occurrence: tr.Rand.IntN(intents), delay: tr.Between(0, killRandomMax)}
 	}
@@ -209,11 +231,11 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 
 	// The service, restarted after each kill on the same address.
 	var kills, restarts []time.Time
-	p := startPaysvc(t, bin, b.args, "127.0.0.1:0", plan(plans, 0))
+	p := killStart(t, bin, b.args, "127.0.0.1:0", killPlanAt(plans, 0))
 	addr, p0 := p.addr, p.started
 
 	// Two clients per intent: the first and a duplicate (a double click).
-	answers := make([][2]answer, intents)
+	answers := make([][2]killAnswer, intents)
 	var wg sync.WaitGroup
 	for i := range keys {
 		for c := range 2 {
@@ -221,7 +243,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 				if c == 1 {
 					time.Sleep(lag[i])
 				}
-				answers[i][c] = pay(trialCtx, addr, keys[i], 100+i)
+				answers[i][c] = killPay(trialCtx, addr, keys[i], 100+i)
 			})
 		}
 	}
@@ -244,7 +266,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 			break
 		}
 		kills = append(kills, killedAt)
-		p = startPaysvc(t, bin, b.args, addr, plan(plans, gen))
+		p = killStart(t, bin, b.args, addr, killPlanAt(plans, gen))
 		restarts = append(restarts, p.started)
 	}
 
@@ -255,7 +277,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 	for i := range answers {
 		t.Logf("intent %d answered at %v and %v", i, since(answers[i][0].at), since(answers[i][1].at))
 	}
-	row := Row{Backend: b.label, Fault: killFault[point], Trials: 1, Faults: len(kills)}
+	row := chaos.Row{Backend: b.label, Fault: killFault[point], Trials: 1, Faults: len(kills)}
 	st.kills += len(kills)
 	for i, k := range kills {
 		st.maxRestart = max(st.maxRestart, restarts[i].Sub(k))
@@ -276,7 +298,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 	// Exactly one charge per intent, the one the clients were told of.
 	qctx, qcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer qcancel()
-	charges := ledgerRows(t, qctx, pool, b.ledger, keys)
+	charges := killLedgerRows(t, qctx, pool, b.ledger, keys)
 	for i, k := range keys {
 		rows := charges[k]
 		if len(rows) != 1 {
@@ -296,15 +318,15 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 
 	// No key left STARTED: every one is completed.
 	for i, k := range keys {
-		info, err := b.runner.Inspect(qctx, idempotency.Request{Scope: scope, Key: k}, false)
+		info, err := b.runner.Inspect(qctx, idempotency.Request{Scope: killScope, Key: k}, false)
 		if err != nil {
 			t.Errorf("intent %d: Inspect: %v", i, err)
 		} else if info.State != idempotency.StateCompleted {
-			t.Errorf("intent %d: the key is %v after every client got its answer: %+v", i, info.State, info)
+			t.Errorf("intent %d: the key is %v after every client got its killAnswer: %+v", i, info.State, info)
 		}
 	}
 
-	// The longest a key was unavailable: from a kill to the first answer
+	// The longest a key was unavailable: from a kill to the first killAnswer
 	// of an intent not answered before it.
 	for _, k := range kills {
 		for i := range answers {
@@ -320,7 +342,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 	return row
 }
 
-func plan(plans []killPlan, gen int) *killPlan {
+func killPlanAt(plans []killPlan, gen int) *killPlan {
 	if gen < len(plans) {
 		return &plans[gen]
 	}
@@ -328,8 +350,8 @@ func plan(plans []killPlan, gen int) *killPlan {
 }
 
 // pay sends one payment with httpidem's retrying Transport until it has
-// an answer that is not "try again".
-func pay(ctx context.Context, addr, key string, amount int) answer {
+// an killAnswer that is not "try again".
+func killPay(ctx context.Context, addr, key string, amount int) killAnswer {
 	client := &http.Client{
 		Transport: &httpidem.Transport{
 			Base:           &http.Transport{DisableKeepAlives: true},
@@ -344,16 +366,16 @@ func pay(ctx context.Context, addr, key string, amount int) answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/pay",
 		strings.NewReader(fmt.Sprintf(`{"amount":%d}`, amount)))
 	if err != nil {
-		return answer{err: err}
+		return killAnswer{err: err}
 	}
 	httpidem.SetKey(req, key)
 	resp, err := client.Do(req)
 	if err != nil {
-		return answer{err: err, at: time.Now()}
+		return killAnswer{err: err, at: time.Now()}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	a := answer{status: resp.StatusCode, at: time.Now(), err: err}
+	a := killAnswer{status: resp.StatusCode, at: time.Now(), err: err}
 	if err == nil && resp.StatusCode == http.StatusCreated {
 		var v struct{ Payment int64 }
 		if err := json.Unmarshal(body, &v); err != nil {
@@ -366,12 +388,12 @@ func pay(ctx context.Context, addr, key string, amount int) answer {
 	return a
 }
 
-// A paysvc is one run of the service's process.
-type paysvc struct {
+// A killProc is one run of the service's process.
+type killProc struct {
 	cmd      *exec.Cmd
 	addr     string
 	started  time.Time // listening
-	stderr   *syncBuffer
+	stderr   *killBuffer
 	exited   chan struct{} // closed once the process is reaped
 	err      error         // of Wait, once exited
 	killOnce sync.Once
@@ -379,15 +401,15 @@ type paysvc struct {
 	killedAt time.Time // set by kill
 }
 
-// startPaysvc starts the service on addr and returns once it listens. With
+// killStart starts the service on addr and returns once it listens. With
 // a plan, the process is killed as the plan says.
-func startPaysvc(t *testing.T, bin string, args []string, addr string, pl *killPlan) *paysvc {
+func killStart(t *testing.T, bin string, args []string, addr string, pl *killPlan) *killProc {
 	t.Helper()
 	// The address of a killed process is free again at once (Go listens
 	// with SO_REUSEADDR); a few tries cover a slow start.
 	var last error
 	for range 5 {
-		p, err := tryStartPaysvc(t, bin, args, addr, pl)
+		p, err := killTryStart(t, bin, args, addr, pl)
 		if err == nil {
 			return p
 		}
@@ -398,8 +420,8 @@ func startPaysvc(t *testing.T, bin string, args []string, addr string, pl *killP
 	return nil
 }
 
-func tryStartPaysvc(t *testing.T, bin string, args []string, addr string, pl *killPlan) (*paysvc, error) {
-	p := &paysvc{stderr: &syncBuffer{}, exited: make(chan struct{})}
+func killTryStart(t *testing.T, bin string, args []string, addr string, pl *killPlan) (*killProc, error) {
+	p := &killProc{stderr: &killBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, append(args[:len(args):len(args)], "-addr", addr)...)
 	p.cmd.Stderr = p.stderr
 	stdin, err := p.cmd.StdinPipe()
@@ -454,7 +476,7 @@ func tryStartPaysvc(t *testing.T, bin string, args []string, addr string, pl *ki
 }
 
 // kill sends SIGKILL once.
-func (p *paysvc) kill() {
+func (p *killProc) kill() {
 	p.killOnce.Do(func() {
 		p.mu.Lock()
 		p.killedAt = time.Now()
@@ -464,14 +486,14 @@ func (p *paysvc) kill() {
 }
 
 // killed returns when kill killed the process, or zero.
-func (p *paysvc) killed() time.Time {
+func (p *killProc) killed() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.killedAt
 }
 
 // stop ends the process (if alive) without counting a kill, and reaps it.
-func (p *paysvc) stop() {
+func (p *killProc) stop() {
 	p.killOnce.Do(func() { p.cmd.Process.Kill() })
 	select {
 	case <-p.exited:
@@ -479,13 +501,13 @@ func (p *paysvc) stop() {
 	}
 }
 
-// syncBuffer is the child's stderr, kept to show when it dies on its own.
-type syncBuffer struct {
+// killBuffer is the child's stderr, kept to show when it dies on its own.
+type killBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *killBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.b.Len() > 1<<20 {
@@ -494,20 +516,20 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *killBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
 }
 
-// A charge is one ledger row.
-type charge struct {
+// A killCharge is one ledger row.
+type killCharge struct {
 	id     int64
 	fence  int64
 	dedups int
 }
 
-func ledgerRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ledger string, intents []string) map[string][]charge {
+func killLedgerRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ledger string, intents []string) map[string][]killCharge {
 	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT intent, id, fence, dedups FROM `+pgx.Identifier{ledger}.Sanitize()+
 		` WHERE intent = ANY($1) ORDER BY id`, intents)
@@ -515,10 +537,10 @@ func ledgerRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ledger st
 		t.Fatalf("reading the ledger: %v", err)
 	}
 	defer rows.Close()
-	out := make(map[string][]charge)
+	out := make(map[string][]killCharge)
 	for rows.Next() {
 		var intent string
-		var c charge
+		var c killCharge
 		if err := rows.Scan(&intent, &c.id, &c.fence, &c.dedups); err != nil {
 			t.Fatal(err)
 		}
@@ -530,9 +552,9 @@ func ledgerRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ledger st
 	return out
 }
 
-// serverEnv returns the variable that points the tests at a server; the
+// killEnv returns the variable that points the tests at a server; the
 // trials need it, so a missing one fails. Everything stays on loopback.
-func serverEnv(t *testing.T, name string) string {
+func killEnv(t *testing.T, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
@@ -551,8 +573,8 @@ func serverEnv(t *testing.T, name string) string {
 	return v
 }
 
-// buildPaysvc builds internal/paysvc once for the test.
-func buildPaysvc(t *testing.T) string {
+// killBuild builds internal/paysvc once for the test.
+func killBuild(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "paysvc")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -564,7 +586,7 @@ func buildPaysvc(t *testing.T) string {
 	return bin
 }
 
-func pgPool(t *testing.T, url string) *pgxpool.Pool {
+func killPool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -584,16 +606,16 @@ func pgPool(t *testing.T, url string) *pgxpool.Pool {
 	return pool
 }
 
-// createLedger creates the gateway's tables: the ledger of charges (no
+// killCreateLedger creates the gateway's tables: the ledger of charges (no
 // unique constraint on the intent: a second charge would be a second row)
 // and the fence seen last per intent.
-func createLedger(t *testing.T, pool *pgxpool.Pool, ledger string) {
+func killCreateLedger(t *testing.T, pool *pgxpool.Pool, ledger string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	l, f := pgx.Identifier{ledger}.Sanitize(), pgx.Identifier{ledger + "_fences"}.Sanitize()
-	dropLater(t, pool, ledger)
-	dropLater(t, pool, ledger+"_fences")
+	killDropLater(t, pool, ledger)
+	killDropLater(t, pool, ledger+"_fences")
 	for _, q := range []string{
 		`CREATE TABLE ` + l + ` (id bigserial PRIMARY KEY, intent text NOT NULL,
 			downstream_key text NOT NULL, fence bigint NOT NULL, dedups int NOT NULL DEFAULT 0)`,
@@ -607,7 +629,23 @@ func createLedger(t *testing.T, pool *pgxpool.Pool, ledger string) {
 	}
 }
 
-func dropLater(t *testing.T, pool *pgxpool.Pool, table string) {
+// killPGStore migrates the store's table, dropped at the end of t.
+func killPGStore(t *testing.T, pool *pgxpool.Pool, table string) *postgres.Store {
+	t.Helper()
+	s, err := postgres.New(pool, &postgres.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	killDropLater(t, pool, table)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func killDropLater(t *testing.T, pool *pgxpool.Pool, table string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -617,9 +655,9 @@ func dropLater(t *testing.T, pool *pgxpool.Pool, table string) {
 	})
 }
 
-// deleteRedisKeys deletes the run's keys (they would expire after the
+// killDeleteRedisKeys deletes the run's keys (they would expire after the
 // retention anyway). Bounded: at most 1000 SCAN pages.
-func deleteRedisKeys(t *testing.T, rdb *goredis.Client, prefix string) {
+func killDeleteRedisKeys(t *testing.T, rdb *goredis.Client, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var cursor uint64

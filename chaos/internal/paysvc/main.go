@@ -77,6 +77,8 @@ func main() {
 	flag.StringVar(&c.ledger, "ledger", "", "the ledger table; its fence table is <ledger>_fences")
 	flag.DurationVar(&c.lease, "lease", time.Second, "the runner's lease")
 	flag.BoolVar(&c.hooks, "hooks", false, "announce phases on stdout and wait for a line on stdin")
+	flag.BoolVar(&c.noDedup, "unsafe-no-downstream-dedup", false,
+		"the gateway ignores the downstream key (the harness's check that it would see a second charge)")
 	flag.Parse()
 	if err := run(c); err != nil {
 		log.Fatal(err)
@@ -86,7 +88,7 @@ func main() {
 type config struct {
 	mode, addr, pgURL, redisAddr, table, prefix, ledger string
 	lease                                               time.Duration
-	hooks                                               bool
+	hooks, noDedup                                      bool
 }
 
 func run(c config) error {
@@ -113,7 +115,7 @@ func run(c config) error {
 		// to end and takes it over, instead of a 409 and a 1s Retry-After.
 		idempotency.WithWait(10 * c.lease),
 	}
-	s := &service{pool: pool, ledger: pgx.Identifier{c.ledger}.Sanitize(),
+	s := &service{pool: pool, noDedup: c.noDedup, ledger: pgx.Identifier{c.ledger}.Sanitize(),
 		fences: pgx.Identifier{c.ledger + "_fences"}.Sanitize()}
 	if c.hooks {
 		s.in = bufio.NewReader(os.Stdin)
@@ -174,6 +176,7 @@ func run(c config) error {
 type service struct {
 	pool           *pgxpool.Pool
 	ledger, fences string // quoted table names
+	noDedup        bool   // -unsafe-no-downstream-dedup
 
 	mu sync.Mutex    // one announcement at a time
 	in *bufio.Reader // nil without -hooks
@@ -242,13 +245,15 @@ func (s *service) charge(ctx context.Context, intent string, fence int64, dk str
 		}
 		// The fence row is locked until commit: the lookup and the insert
 		// cannot interleave with another holder's.
-		err = tx.QueryRow(ctx, `UPDATE `+s.ledger+` SET dedups = dedups + 1
-			WHERE downstream_key = $1 RETURNING id`, dk).Scan(&id)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
+		if !s.noDedup {
+			err = tx.QueryRow(ctx, `UPDATE `+s.ledger+` SET dedups = dedups + 1
+				WHERE downstream_key = $1 RETURNING id`, dk).Scan(&id)
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
 		}
 		return tx.QueryRow(ctx, `INSERT INTO `+s.ledger+` (intent, downstream_key, fence)
 			VALUES ($1, $2, $3) RETURNING id`, intent, dk, fence).Scan(&id)
