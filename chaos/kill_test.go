@@ -104,7 +104,7 @@ func TestProcessKill(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		got := make(chan killAnswer, 1)
-		go func() { got <- killPay(cctx, p.addr, key, 1) }()
+		go func() { got <- killPay(cctx, p.addr, key, 1, &killAttempts{}) }()
 		select {
 		case <-p.exited:
 		case <-cctx.Done():
@@ -164,8 +164,8 @@ func TestProcessKill(t *testing.T) {
 				tally.Add(killTrial(t, bin, b, pool, tr, &st))
 			})
 			t.Logf("%s: %d trials, %d kills; second charges stopped by the downstream key: %d; "+
-				"longest restart (SIGKILL to listening again): %v", b.label, n, st.kills, st.dedups,
-				st.maxRestart.Round(time.Millisecond))
+				"longest restart (SIGKILL to listening again): %v; the clients made %v", b.label, n, st.kills, st.dedups,
+				st.maxRestart.Round(time.Millisecond), &st.attempts)
 			if n == 0 {
 				t.Error("no trial ran")
 			}
@@ -189,6 +189,48 @@ type killStats struct {
 	kills      int
 	dedups     int           // charges the gateway answered from an earlier charge
 	maxRestart time.Duration // SIGKILL to the new process listening
+	attempts   killAttempts
+}
+
+// killAttempts counts the clients' attempts by what they got. It is safe
+// for concurrent use.
+type killAttempts struct {
+	mu                      sync.Mutex
+	all, netErr, s409, s503 int
+}
+
+func (a *killAttempts) add(b *killAttempts) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.all, a.netErr, a.s409, a.s503 = a.all+b.all, a.netErr+b.netErr, a.s409+b.s409, a.s503+b.s503
+}
+
+func (a *killAttempts) String() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return fmt.Sprintf("%d attempts: %d network errors, %d answered 409, %d answered 503", a.all, a.netErr, a.s409, a.s503)
+}
+
+// killCounting is the clients' base transport: it counts every attempt.
+type killCounting struct {
+	base http.RoundTripper
+	n    *killAttempts
+}
+
+func (c killCounting) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(req)
+	c.n.mu.Lock()
+	defer c.n.mu.Unlock()
+	c.n.all++
+	switch {
+	case err != nil:
+		c.n.netErr++
+	case resp.StatusCode == http.StatusConflict:
+		c.n.s409++
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		c.n.s503++
+	}
+	return resp, err
 }
 
 // A killPlan says when to kill one process: at the occurrence-th
@@ -236,6 +278,8 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 
 	// Two clients per intent: the first and a duplicate (a double click).
 	answers := make([][2]killAnswer, intents)
+	var attempts killAttempts
+	defer st.attempts.add(&attempts)
 	var wg sync.WaitGroup
 	for i := range keys {
 		for c := range 2 {
@@ -243,7 +287,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 				if c == 1 {
 					time.Sleep(lag[i])
 				}
-				answers[i][c] = killPay(trialCtx, addr, keys[i], 100+i)
+				answers[i][c] = killPay(trialCtx, addr, keys[i], 100+i, &attempts)
 			})
 		}
 	}
@@ -277,6 +321,7 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 	for i := range answers {
 		t.Logf("intent %d answered at %v and %v", i, since(answers[i][0].at), since(answers[i][1].at))
 	}
+	t.Logf("the clients made %v", &attempts)
 	row := chaos.Row{Backend: b.label, Fault: killFault[point], Trials: 1, Faults: len(kills)}
 	st.kills += len(kills)
 	for i, k := range kills {
@@ -351,10 +396,10 @@ func killPlanAt(plans []killPlan, gen int) *killPlan {
 
 // pay sends one payment with httpidem's retrying Transport until it has
 // an killAnswer that is not "try again".
-func killPay(ctx context.Context, addr, key string, amount int) killAnswer {
+func killPay(ctx context.Context, addr, key string, amount int, n *killAttempts) killAnswer {
 	client := &http.Client{
 		Transport: &httpidem.Transport{
-			Base:           &http.Transport{DisableKeepAlives: true},
+			Base:           killCounting{base: &http.Transport{DisableKeepAlives: true}, n: n},
 			MaxAttempts:    200,
 			MaxElapsed:     30 * time.Second,
 			AttemptTimeout: 10 * time.Second,
