@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -166,6 +168,7 @@ func TestProcessKill(t *testing.T) {
 			t.Logf("%s: %d trials, %d kills; second charges stopped by the downstream key: %d; "+
 				"longest restart (SIGKILL to listening again): %v; the clients made %v", b.label, n, st.kills, st.dedups,
 				st.maxRestart.Round(time.Millisecond), &st.attempts)
+			t.Logf("%s: from a SIGKILL to the first answer of each intent it caught:%s", b.label, st.percentiles())
 			if n == 0 {
 				t.Error("no trial ran")
 			}
@@ -190,6 +193,22 @@ type killStats struct {
 	dedups     int           // charges the gateway answered from an earlier charge
 	maxRestart time.Duration // SIGKILL to the new process listening
 	attempts   killAttempts
+	// unavailable holds, per kill point, every (kill, pending intent)'s
+	// time from the kill to the intent's first answer.
+	unavailable map[string][]time.Duration
+}
+
+// percentiles describes the unavailable times of each kill point.
+func (st *killStats) percentiles() string {
+	var b strings.Builder
+	points := slices.Sorted(maps.Keys(st.unavailable))
+	for _, p := range points {
+		d := slices.Clone(st.unavailable[p])
+		slices.Sort(d)
+		at := func(q float64) time.Duration { return d[int(q*float64(len(d)-1))].Round(time.Millisecond) }
+		fmt.Fprintf(&b, "\n  %s: n=%d p50=%v p90=%v p99=%v max=%v", killFault[p], len(d), at(.5), at(.9), at(.99), at(1))
+	}
+	return b.String()
 }
 
 // killAttempts counts the clients' attempts by what they got. It is safe
@@ -381,6 +400,10 @@ func killTrial(t *testing.T, bin string, b *killBackend, pool *pgxpool.Pool, tr 
 			}
 			if first.After(k) {
 				row.MaxUnavailable = max(row.MaxUnavailable, first.Sub(k))
+				if st.unavailable == nil {
+					st.unavailable = make(map[string][]time.Duration)
+				}
+				st.unavailable[point] = append(st.unavailable[point], first.Sub(k))
 			}
 		}
 	}
