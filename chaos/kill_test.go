@@ -44,8 +44,8 @@ import (
 const killLease = 500 * time.Millisecond
 
 // killTrials is how many trials each backend runs by default (`make
-// test`, under -race on a shared 2-core machine: about 20 s per backend).
-const killTrials = 16
+// test`, under -race on a shared 2-core machine: 10-20 s per backend).
+const killTrials = 10
 
 // Kill points: the phases the service announces (internal/paysvc), and a
 // kill at a drawn time.
