@@ -79,6 +79,36 @@ var fingerprintSeeds = []string{
 	``,
 }
 
+// FuzzParseStorageKey checks that ParseStorageKey takes back exactly what
+// StorageKey makes: whatever it accepts, StorageKey makes again from the
+// parts, and what StorageKey makes from the fuzzed parts is parsed back to
+// them. Anything else is refused with ErrInvalidKey.
+func FuzzParseStorageKey(f *testing.F) {
+	f.Add("6:tenant3:abc", "tenant", "abc")
+	f.Add("0:1:k", "", "k")
+	f.Add("01:a1:b", "a", "b")
+	f.Add("1:\x001:k", "\x00", "k")
+	f.Add("99999:a", "a:b", "c")
+	f.Fuzz(func(t *testing.T, s, part, key string) {
+		scope, k, err := idempotency.ParseStorageKey(s)
+		if err != nil {
+			if !errors.Is(err, idempotency.ErrInvalidKey) {
+				t.Fatalf("ParseStorageKey(%q): %v does not match ErrInvalidKey", s, err)
+			}
+		} else if again, err := idempotency.StorageKey(scope, k); err != nil && !strings.Contains(err.Error(), "longer") || err == nil && again != s {
+			t.Fatalf("ParseStorageKey(%q) = %q, %q; StorageKey of those: %q, %v", s, scope, k, again, err)
+		}
+		made, err := idempotency.StorageKey([]string{part}, key)
+		if err != nil {
+			return
+		}
+		scope, k, err = idempotency.ParseStorageKey(made)
+		if err != nil || len(scope) != 1 || scope[0] != part || k != key {
+			t.Fatalf("ParseStorageKey(StorageKey(%q, %q) = %q) = %q, %q, %v", part, key, made, scope, k, err)
+		}
+	})
+}
+
 // newFuzzRunner returns a runner on a fresh memory store with a manual
 // clock, and the storage key of req.
 func newFuzzRunner(t *testing.T, req idempotency.Request) (*idempotency.Runner, *memory.Store, *conformancetest.Clock, string) {
