@@ -429,7 +429,8 @@ func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
 	switch kind {
 	case resultValue:
 		if err := r.cfg.codec.Unmarshal(payload, &v); err != nil {
-			return v, fmt.Errorf("%w: result: %w", ErrCorrupt, err)
+			var zero T // not what the codec left half done
+			return zero, fmt.Errorf("%w: result: %w", ErrCorrupt, err)
 		}
 		return v, nil
 	case resultError:
