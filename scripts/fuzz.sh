@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Fuzz every go test -fuzz target of the workspace, one after the other,
 # each for FUZZTIME (default 2m), with FUZZPARALLEL workers (default 1, the
-# machine may be shared). `make test` (plain go test) already runs every
+# machine may be shared). FUZZMINIMIZETIME (default 10s) bounds the
+# minimization of each new input: go test's default, 60s, can keep a
+# single worker minimizing most of the run (the exec count then stands
+# still: "execs: N (0/sec)"). `make test` (plain go test) already runs every
 # target on its seed corpus (testdata/fuzz); this explores beyond it.
 #
 #   scripts/fuzz.sh                      # every target, 2 minutes each
@@ -15,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-2m}
 parallel=${FUZZPARALLEL:-1}
+minimize=${FUZZMINIMIZETIME:-10s}
 filter=${1:-}
 
 status=0
@@ -25,7 +29,8 @@ for dir in $(go list -m -f '{{.Dir}}'); do
     for target in $targets; do
       [[ -z $filter || $target == *"$filter"* ]] || continue
       echo "== $pkg $target ($fuzztime)"
-      (cd "$pdir" && go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" -parallel "$parallel" .) || status=1
+      (cd "$pdir" && go test -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" \
+        -fuzzminimizetime "$minimize" -parallel "$parallel" .) || status=1
     done
   done
 done
