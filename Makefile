@@ -1,4 +1,4 @@
-.PHONY: test demo bench
+.PHONY: test demo bench fuzz
 
 # Vet and race-test every module, starting the servers the adapters need.
 test:
@@ -11,3 +11,8 @@ demo:
 # Core benchmarks on the in-memory store.
 bench:
 	go test -run '^$$' -bench . -benchmem .
+
+# Fuzz every target for FUZZTIME each (default 2m), one at a time; plain
+# `make test` runs them on their seed corpus only. See scripts/fuzz.sh.
+fuzz:
+	./scripts/fuzz.sh

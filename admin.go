@@ -140,28 +140,34 @@ func (r *Runner) adminKey(req Request) (string, error) {
 // ParseStorageKey splits a storage key made by [StorageKey] (or a Runner)
 // back into its scope parts and client key. It returns an error wrapping
 // [ErrInvalidKey] for a string that is not such a key.
-func ParseStorageKey(storageKey string) (scope []string, key string, err error) {
+func ParseStorageKey(encoded string) (scope []string, key string, err error) {
 	var parts []string
-	for s := storageKey; s != ""; {
+	for s := encoded; s != ""; {
 		i := 0
 		for i < len(s) && i < 5 && s[i] >= '0' && s[i] <= '9' {
 			i++
 		}
 		if i == 0 || i >= len(s) || s[i] != ':' || (i > 1 && s[0] == '0') {
-			return nil, "", invalidKey("not a storage key", storageKey)
+			return nil, "", invalidKey("not a storage key", encoded)
 		}
 		n, _ := strconv.Atoi(s[:i])
 		s = s[i+1:]
 		if n > len(s) {
-			return nil, "", invalidKey("not a storage key", storageKey)
+			return nil, "", invalidKey("not a storage key", encoded)
 		}
 		parts = append(parts, s[:n])
 		s = s[n:]
 	}
 	if len(parts) == 0 {
-		return nil, "", invalidKey("not a storage key", storageKey)
+		return nil, "", invalidKey("not a storage key", encoded)
 	}
-	return parts[:len(parts)-1], parts[len(parts)-1], nil
+	scope, key = parts[:len(parts)-1], parts[len(parts)-1]
+	// Only what StorageKey makes: no empty scope part or key, no control
+	// characters, valid UTF-8 (the key's length is the runner's to limit).
+	if _, err := storageKey(scope, key, len(key)); err != nil {
+		return nil, "", fmt.Errorf("%w (not a storage key: %w)", ErrInvalidKey, err)
+	}
+	return scope, key, nil
 }
 
 // DescribeResult tells what a stored result (RecordInfo.Result) holds:

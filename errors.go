@@ -39,6 +39,16 @@ var (
 	// be replayed. fn is not run again.
 	ErrResultNotStored = errors.New("idempotency: earlier run succeeded but its result was not stored")
 
+	// ErrCorrupt: a stored result or recovery point cannot be decoded: it
+	// was written by another version or another codec ([WithCodec]), or
+	// it is damaged. What it records is never run again because of it:
+	// [Do] returns the error for a completed record without running fn,
+	// and [Step] returns it without running its step (and if fn returns
+	// it, the record is neither completed nor released: it stays STARTED
+	// until its lease ends and is listed by [Runner.Stuck], so that the
+	// recovery points are not dropped and the step is not run again).
+	ErrCorrupt = errors.New("idempotency: stored value cannot be decoded")
+
 	// ErrNotFound: the store has no live record under the key ([Inspector],
 	// [Runner.Inspect]).
 	ErrNotFound = errors.New("idempotency: no such record")

@@ -271,6 +271,13 @@ func DownstreamKey(ctx context.Context, prefix string) (string, error) {
 // phases (create the payment row, call the gateway with a downstream key,
 // record the answer) resumes where the crashed holder stopped.
 //
+// A recorded result that cannot be decoded (another codec or version, or
+// damage) gives an error matching [ErrCorrupt], and step does not run. If
+// fn returns that error (wrapped or not), [Do] neither completes nor
+// releases the record: it keeps its recovery points and stays STARTED
+// until its lease ends, listed by [Runner.Stuck], so that no retry runs
+// the step again while the record lives.
+//
 // An error from step is returned and nothing is recorded, so a later
 // attempt runs the step again. If the result cannot be recorded, Step
 // returns it together with an error: [ErrLeaseLost] (fn's context is then
@@ -298,8 +305,11 @@ func Step[T any](ctx context.Context, name string, step func(ctx context.Context
 		return v, ErrLeaseLost
 	}
 	if done {
-		err := r.cfg.codec.Unmarshal(b, &v)
-		return v, err
+		if err := r.cfg.codec.Unmarshal(b, &v); err != nil {
+			var zero T
+			return zero, &corruptPointError{fmt.Errorf("%w: recovery point %q: %w", ErrCorrupt, name, err)}
+		}
+		return v, nil
 	}
 	v, err := step(ctx)
 	if err != nil {
@@ -330,3 +340,11 @@ func Step[T any](ctx context.Context, name string, step func(ctx context.Context
 	h.mu.Unlock()
 	return v, nil
 }
+
+// corruptPointError is Step's error for a recovery point it cannot
+// decode: [run] leaves the record as it is when fn returns it, since a
+// release would drop the point and let a retry run the step again.
+type corruptPointError struct{ err error }
+
+func (e *corruptPointError) Error() string { return e.err.Error() }
+func (e *corruptPointError) Unwrap() error { return e.err }

@@ -155,6 +155,9 @@ func (r *Runner) StorageKey(req Request) (string, error) {
 //   - After fn has succeeded it is never run again for this request: if the
 //     result cannot be stored, a marker is, and retries get
 //     [ErrResultNotStored].
+//   - A stored result that cannot be decoded (written by another version
+//     or codec, or damaged) gives an error matching [ErrCorrupt], with
+//     Result.Replayed set; fn does not run.
 //   - A store failure is a [*StoreError]; its Ran field says whether fn
 //     had run, so the caller never takes "not run" for granted.
 //
@@ -322,9 +325,11 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	v, fnErr := fn(fnCtx)
 	panicked = false
 	h.stopHeartbeat()
-	if le := (*leaveError)(nil); errors.As(fnErr, &le) {
+	var cp *corruptPointError
+	if le := (*leaveError)(nil); errors.As(fnErr, &le) || errors.As(fnErr, &cp) {
 		// Neither complete nor release: the record stays STARTED and its
-		// lease runs out (the reconciler's undecided resolver).
+		// lease runs out (the reconciler's undecided resolver, or a
+		// recovery point that cannot be decoded: a release would drop it).
 		return res, fnErr
 	}
 	lost := errors.Is(context.Cause(fnCtx), ErrLeaseLost)
@@ -412,7 +417,9 @@ func NotStoredMarker() []byte { return []byte{resultNotStored} }
 
 // DecodeOutcome turns stored bytes made by [EncodeOutcome] back into the
 // value, or the error to replay: a [*StoredError] for a permanent error,
-// [ErrResultNotStored] for the marker.
+// [ErrResultNotStored] for the marker. Bytes it cannot decode (written by
+// another version or codec, or damaged) give an error matching
+// [ErrCorrupt].
 func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
 	var v T
 	kind, payload, err := decodeResult(stored)
@@ -422,7 +429,8 @@ func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
 	switch kind {
 	case resultValue:
 		if err := r.cfg.codec.Unmarshal(payload, &v); err != nil {
-			return v, fmt.Errorf("idempotency: decode stored result: %w", err)
+			var zero T // not what the codec left half done
+			return zero, fmt.Errorf("%w: result: %w", ErrCorrupt, err)
 		}
 		return v, nil
 	case resultError:
@@ -431,7 +439,7 @@ func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
 		}
 		var msg string
 		if err := r.cfg.codec.Unmarshal(payload, &msg); err != nil {
-			return v, fmt.Errorf("idempotency: decode stored error: %w", err)
+			return v, fmt.Errorf("%w: stored error message: %w", ErrCorrupt, err)
 		}
 		return v, &StoredError{Message: msg}
 	default:
@@ -487,7 +495,8 @@ func retryable(ctx context.Context, err error) bool {
 		return false
 	}
 	return !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrTooLarge) &&
-		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, context.Canceled)
+		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrCorrupt) &&
+		!errors.Is(err, context.Canceled)
 }
 
 func (r *Runner) observe(ctx context.Context, e Event) {

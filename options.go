@@ -250,7 +250,12 @@ type Codec interface {
 	Unmarshal(data []byte, v any) error
 }
 
-// JSONCodec encodes values with encoding/json.
+// JSONCodec encodes values with encoding/json, and so keeps what JSON
+// keeps: a string is stored as text, and bytes in it that are not valid
+// UTF-8 are replaced with U+FFFD, so the replay of a string result (or a
+// recovery point) holding such bytes differs from the value fn returned.
+// Return binary data as []byte (stored in base64, exactly), or use a codec
+// of your own ([WithCodec]).
 type JSONCodec struct{}
 
 // Marshal encodes v as JSON.

@@ -1,9 +1,6 @@
 package idempotency
 
-import (
-	"errors"
-	"fmt"
-)
+import "fmt"
 
 // State is the persisted state of a record. The values are stored by
 // adapters: never change them.
@@ -61,7 +58,7 @@ const (
 	resultNotStored byte = 'x' // fn succeeded but its result could not be kept
 )
 
-var errCorruptResult = errors.New("idempotency: stored result is corrupt")
+var errCorruptResult = fmt.Errorf("%w: stored result of unknown kind", ErrCorrupt)
 
 // encodeResult frames payload with its kind in one allocation.
 func encodeResult(kind byte, payload []byte) []byte {

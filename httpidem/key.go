@@ -21,6 +21,7 @@ func parseKey(v string) (string, bool) {
 		return v, true
 	}
 	var b []byte // only when the string has escapes
+	escaped := false
 	start := 1
 	for i := 1; i < len(v); i++ {
 		switch c := v[i]; {
@@ -29,13 +30,14 @@ func parseKey(v string) (string, bool) {
 				return "", false
 			}
 			b = append(b, v[start:i]...)
+			escaped = true // b may still be nil: an escape right after the quote
 			i++
 			start = i
 		case c == '"':
 			if i != len(v)-1 {
 				return "", false
 			}
-			if b == nil {
+			if !escaped {
 				return v[1:i], true
 			}
 			return string(append(b, v[start:i]...)), true

@@ -273,6 +273,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		writeProblem(w, http.StatusBadRequest, ProblemKeyMalformed, err.Error(), 0)
 	case errors.Is(err, idempotency.ErrResultNotStored):
 		m.notStored(w)
+	case errors.Is(err, idempotency.ErrCorrupt):
+		writeProblem(w, http.StatusInternalServerError, ProblemInternal,
+			"the stored response of this key cannot be read; the request is not run again", 0)
 	case errors.Is(err, idempotency.ErrStore):
 		// Also when the handler ran but its effects were rolled back
 		// together with the key (an executor's transaction that did not

@@ -280,7 +280,9 @@ type stored struct {
 }
 
 // decodeStored decodes a stored response, adding its headers to h; names
-// found in names (the allowlist) are shared rather than copied.
+// found in names (the allowlist) are shared rather than copied. Bytes that
+// are not a whole stored response (another version, damage) give
+// errCorruptResponse and leave h as it was.
 func decodeStored(b []byte, h http.Header, names map[string]string) (stored, error) {
 	var s stored
 	if len(b) < 2 || b[0] != storedVersion {
@@ -289,7 +291,9 @@ func decodeStored(b []byte, h http.Header, names map[string]string) (stored, err
 	s.tooLarge = b[1]&flagTooLarge != 0
 	b = b[2:]
 	status, k := binary.Uvarint(b)
-	if k <= 0 || status < 100 || status > 999 {
+	// Only final statuses are stored: a replayed 1xx would be sent as an
+	// interim response, followed by an empty 200.
+	if k <= 0 || status < 200 || status > 999 {
 		return s, errCorruptResponse
 	}
 	s.status = int(status)
@@ -299,19 +303,24 @@ func decodeStored(b []byte, h http.Header, names map[string]string) (stored, err
 		return s, errCorruptResponse
 	}
 	b = b[k:]
+	// Check every header before adding any to h, so that a corrupt record
+	// leaks none into the error response.
+	for rest, i := b, uint64(0); i < n; i++ {
+		var ok bool
+		if _, rest, ok = readBytes(rest); ok {
+			_, rest, ok = readBytes(rest)
+		}
+		if !ok {
+			return s, errCorruptResponse
+		}
+	}
 	var values []string
 	if n > 0 {
 		values = make([]string, n)
 	}
 	for i := range values {
-		name, rest, ok := readBytes(b)
-		if !ok {
-			return s, errCorruptResponse
-		}
-		value, rest, ok := readBytes(rest)
-		if !ok {
-			return s, errCorruptResponse
-		}
+		name, rest, _ := readBytes(b)
+		value, rest, _ := readBytes(rest)
 		b = rest
 		values[i] = string(value)
 		key, ok := names[string(name)]

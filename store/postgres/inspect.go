@@ -2,10 +2,8 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/jackc/pgx/v5"
@@ -74,31 +72,45 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 // scanInfo reads the columns of infoColumns, and the result into result
 // when it is not nil.
 func scanInfo(row pgx.Row, result *[]byte) (idempotency.RecordInfo, error) {
-	var (
-		info                   idempotency.RecordInfo
-		fingerprint, state     string
-		attempt                int32
-		leaseMicros, expMicros int64
-		checkpoints            *string
-	)
-	dest := []any{&info.Key, &fingerprint, &state, &info.Fence, &attempt, &leaseMicros, &expMicros, &checkpoints}
+	var c infoRow
+	dest := []any{&c.key, &c.fingerprint, &c.state, &c.fence, &c.attempt, &c.leaseMicros, &c.expMicros, &c.checkpoints}
 	if result != nil {
 		dest = append(dest, result)
 	}
 	if err := row.Scan(dest...); err != nil {
-		return info, err
+		return idempotency.RecordInfo{}, err
 	}
-	info.Fingerprint = idempotency.Fingerprint(fingerprint)
-	info.State = idempotency.State(state)
-	info.Attempt = int(attempt)
-	info.ExpiresIn = time.Duration(expMicros) * time.Microsecond
-	if info.State == idempotency.StateStarted {
-		info.LeaseLeft = time.Duration(leaseMicros) * time.Microsecond
+	return recordInfo(c)
+}
+
+// infoRow is a row of infoColumns, the result aside.
+type infoRow struct {
+	key, fingerprint, state string
+	fence                   int64
+	attempt                 int32
+	leaseMicros, expMicros  int64
+	checkpoints             *string // jsonb as text
+}
+
+// recordInfo turns a row of infoColumns into a RecordInfo. Checkpoints
+// that cannot be decoded give an error matching [idempotency.ErrCorrupt],
+// with the rest of the record.
+func recordInfo(c infoRow) (idempotency.RecordInfo, error) {
+	info := idempotency.RecordInfo{
+		Key:         c.key,
+		Fingerprint: idempotency.Fingerprint(c.fingerprint),
+		State:       idempotency.State(c.state),
+		Fence:       c.fence,
+		Attempt:     int(c.attempt),
+		ExpiresIn:   fromMicros(c.expMicros),
 	}
-	if checkpoints != nil && info.State == idempotency.StateStarted {
-		if err := json.Unmarshal([]byte(*checkpoints), &info.Checkpoints); err != nil {
-			return info, fmt.Errorf("postgres: corrupt checkpoints of key %q: %w", info.Key, err)
-		}
+	if info.State != idempotency.StateStarted {
+		return info, nil
+	}
+	info.LeaseLeft = fromMicros(c.leaseMicros)
+	var err error
+	if info.Checkpoints, err = parseCheckpoints(c.key, c.checkpoints); err != nil {
+		return info, fmt.Errorf("postgres: %w", err)
 	}
 	return info, nil
 }

@@ -60,49 +60,95 @@ func (s *Store) claimOnce(ctx context.Context, db DB, r idempotency.ClaimRequest
 
 // scanClaim reads the claim statement's row into a result.
 func (s *Store) scanClaim(ctx context.Context, row pgx.Row, r idempotency.ClaimRequest) (res idempotency.ClaimResult, ok bool, err error) {
-	var (
-		acquired, stale    bool
-		attempt            int32
-		checkpoints        *string
-		fingerprint, state *string
-		retryAfterMicros   int64
-		result             []byte
-	)
-	err = row.Scan(&acquired, &res.Fence, &attempt, &checkpoints, &fingerprint, &state, &retryAfterMicros, &result, &stale)
+	var c claimRow
+	err = row.Scan(&c.acquired, &c.fence, &c.attempt, &c.checkpoints, &c.fingerprint, &c.state, &c.retryAfterMicros, &c.result, &c.stale)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return res, false, nil
 		}
 		return res, false, wrapErr(ctx, "claim", err)
 	}
-	res.Attempt = int(attempt)
+	return claimResult(c, r)
+}
+
+// claimRow is the row of the claim statement (see claimSQL).
+type claimRow struct {
+	acquired, stale    bool
+	fence              int64
+	attempt            int32
+	checkpoints        *string // jsonb as text
+	fingerprint, state *string
+	retryAfterMicros   int64
+	result             []byte
+}
+
+// claimResult decides the result of a claim from the statement's row. ok is
+// false when the row is one the statement must run again for. A row that
+// no statement of this version returns (damage, another version's schema)
+// gives an error, never a panic or an outcome it does not say.
+func claimResult(c claimRow, r idempotency.ClaimRequest) (res idempotency.ClaimResult, ok bool, err error) {
+	res.Fence = c.fence
+	res.Attempt = int(c.attempt)
 	switch {
-	case acquired:
+	case c.acquired:
 		res.Outcome = idempotency.OutcomeAcquired
-		if checkpoints != nil {
-			if err := json.Unmarshal([]byte(*checkpoints), &res.Checkpoints); err != nil {
-				return res, false, fmt.Errorf("postgres: claim: corrupt checkpoints of key %q: %w", r.Key, err)
-			}
+		if res.Checkpoints, err = parseCheckpoints(r.Key, c.checkpoints); err != nil {
+			return idempotency.ClaimResult{}, false, fmt.Errorf("postgres: claim: %w", err)
 		}
-	case stale:
+	case c.stale:
 		// The row we read is one ON CONFLICT would have taken: it changed
 		// between the two parts of the statement. Decide again.
-		return res, false, nil
-	case fingerprint == nil || state == nil:
-		return res, false, fmt.Errorf("postgres: claim: incomplete row for key %q", r.Key)
-	case *fingerprint != string(r.Fingerprint):
+		return idempotency.ClaimResult{}, false, nil
+	case c.fingerprint == nil || c.state == nil:
+		return idempotency.ClaimResult{}, false, fmt.Errorf("postgres: claim: incomplete row for key %q", r.Key)
+	case *c.fingerprint != string(r.Fingerprint):
 		res.Outcome = idempotency.OutcomeMismatch
-	case *state == string(idempotency.StateCompleted):
+	case *c.state == string(idempotency.StateCompleted):
 		res.Outcome = idempotency.OutcomeReplay
-		res.Result = result
+		res.Result = c.result
 		if res.Result == nil {
 			res.Result = []byte{}
 		}
-	default:
+	case *c.state == string(idempotency.StateStarted):
 		res.Outcome = idempotency.OutcomeInProgress
-		res.RetryAfter = time.Duration(retryAfterMicros) * time.Microsecond
+		res.RetryAfter = fromMicros(c.retryAfterMicros)
+	default:
+		return idempotency.ClaimResult{}, false, fmt.Errorf("postgres: claim: key %q has unknown state %q: %w", r.Key, *c.state, idempotency.ErrCorrupt)
 	}
 	return res, true, nil
+}
+
+// parseCheckpoints decodes the checkpoints column (jsonb as text, NULL for
+// none) of key's row: an object of base64 values, as encoding/json writes
+// a map[string][]byte. What is not gives an error matching
+// [idempotency.ErrCorrupt].
+func parseCheckpoints(key string, text *string) (map[string][]byte, error) {
+	if text == nil {
+		return nil, nil
+	}
+	var m map[string][]byte
+	err := json.Unmarshal([]byte(*text), &m)
+	for name, v := range m {
+		if err == nil && v == nil {
+			err = fmt.Errorf("checkpoint %q is null", name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("corrupt checkpoints of key %q: %w: %w", key, idempotency.ErrCorrupt, err)
+	}
+	return m, nil
+}
+
+// fromMicros converts microseconds to a duration, saturating instead of
+// overflowing; negative counts as zero.
+func fromMicros(us int64) time.Duration {
+	switch {
+	case us <= 0:
+		return 0
+	case us > math.MaxInt64/int64(time.Microsecond):
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
 }
 
 // Renew extends the lease held under token: see [idempotency.Store.Renew].
