@@ -10,18 +10,22 @@
 // header idempotent-replayed: true) instead of a second charge. The
 // outcomes map to the codes gRPC clients expect:
 //
-//	outcome                                    code                  reason (errdetails.ErrorInfo)      HTTP (httpidem)
-//	first call with a key                      the handler's         -                                  the handler's
-//	retry, same request                        the stored answer, idempotent-replayed: true             stored response
-//	same key while the first one runs          Aborted + RetryInfo   IDEMPOTENCY_IN_PROGRESS            409 + Retry-After
-//	same key, other method or message          FailedPrecondition    IDEMPOTENCY_KEY_REUSED             422
-//	missing key (WithRequired)                 InvalidArgument       IDEMPOTENCY_KEY_MISSING            400
-//	malformed or repeated key                  InvalidArgument       IDEMPOTENCY_KEY_MALFORMED          400
-//	request cannot be fingerprinted            InvalidArgument       IDEMPOTENCY_BAD_REQUEST            400
-//	scope rejected                             PermissionDenied      IDEMPOTENCY_SCOPE_REJECTED         403
-//	handler fails with a transient code        sent as it is, key released (see Stored)                 5xx, 408, 429 released
-//	store unreachable                          Unavailable + RetryInfo IDEMPOTENCY_STORE_UNAVAILABLE    503 + Retry-After
-//	retry of an answer too large to store      FailedPrecondition    IDEMPOTENCY_RESPONSE_NOT_STORED    410
+//	outcome                            code                     reason (errdetails.ErrorInfo)    HTTP (httpidem)
+//	first call with a key              the handler's answer     -                                the handler's response
+//	retry, same request                stored answer, replayed  -                                stored response, replayed
+//	same key while the first one runs  Aborted + RetryInfo      IDEMPOTENCY_IN_PROGRESS          409 + Retry-After
+//	same key, other method or message  FailedPrecondition       IDEMPOTENCY_KEY_REUSED           422
+//	missing key (see WithRequired)     InvalidArgument          IDEMPOTENCY_KEY_MISSING          400
+//	malformed or repeated key          InvalidArgument          IDEMPOTENCY_KEY_MALFORMED        400
+//	request cannot be fingerprinted    InvalidArgument          IDEMPOTENCY_BAD_REQUEST          400
+//	scope rejected                     PermissionDenied         IDEMPOTENCY_SCOPE_REJECTED       403
+//	handler fails, transient code      its error, key released  -                                5xx, 408, 429 released
+//	store unreachable                  Unavailable + RetryInfo  IDEMPOTENCY_STORE_UNAVAILABLE    503 + Retry-After
+//	retry of an answer not stored      FailedPrecondition       IDEMPOTENCY_RESPONSE_NOT_STORED  410
+//
+// A replayed answer carries the header idempotent-replayed: true (a
+// replayed error also in its trailer); transient codes are those
+// [Stored] refuses.
 //
 // Every call is scoped: give [WithScope] a function of the call's context
 // (the authenticated peer, a tenant in the metadata), so that one client's

@@ -176,8 +176,8 @@ func WithRequired(required func(ctx context.Context, fullMethod string) bool) Op
 }
 
 // WithScope sets the function that scopes every managed call's key (see
-// [ScopeFunc]). [UnaryServerInterceptor] requires it, or
-// [WithSharedKeySpace].
+// [ScopeFunc]; [PeerScope] scopes by the mutual-TLS client certificate).
+// [UnaryServerInterceptor] requires it, or [WithSharedKeySpace].
 func WithScope(scope ScopeFunc) Option {
 	return optionFunc(func(c *config) { c.scope = scope })
 }
