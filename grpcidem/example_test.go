@@ -87,7 +87,9 @@ func ExampleUnaryServerInterceptor() {
 	// FailedPrecondition IDEMPOTENCY_KEY_REUSED
 }
 
-func ExampleUnaryClientInterceptor() {
+// servePayments serves paymentsServer behind the server interceptor, as
+// ExampleUnaryServerInterceptor does, and returns its address.
+func servePayments() (addr string, stop func()) {
 	runner, err := idempotency.New(memory.New(nil))
 	if err != nil {
 		panic(err)
@@ -103,7 +105,12 @@ func ExampleUnaryClientInterceptor() {
 		panic(err)
 	}
 	go srv.Serve(ln)
-	defer srv.Stop()
+	return ln.Addr().String(), srv.Stop
+}
+
+func ExampleUnaryClientInterceptor() {
+	addr, stop := servePayments()
+	defer stop()
 
 	// Every call through the client gets a key of its own, kept for its
 	// retries; Unavailable, Aborted and the other transient codes are
@@ -112,7 +119,7 @@ func ExampleUnaryClientInterceptor() {
 	if err != nil {
 		panic(err)
 	}
-	cc, err := grpc.NewClient(ln.Addr().String(),
+	cc, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(retry))
 	if err != nil {
