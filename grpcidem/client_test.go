@@ -179,10 +179,10 @@ func TestClientBounds(t *testing.T) {
 func TestClientAttemptTimeout(t *testing.T) {
 	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryDelay(20*time.Millisecond))
 	p.hook = func(context.Context, *testpb.PayRequest) error {
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // longer than an attempt
 		return nil
 	}
-	c := dial(t, addr, retrying(t, grpcidem.WithAttemptTimeout(50*time.Millisecond), grpcidem.WithMaxAttempts(50)))
+	c := dial(t, addr, retrying(t, grpcidem.WithAttemptTimeout(100*time.Millisecond), grpcidem.WithMaxAttempts(100)))
 	reply, err := c.Pay(context.Background(), &testpb.PayRequest{})
 	if err != nil || reply.GetChargeId() != "ch_1" || p.runs.Load() != 1 {
 		t.Fatalf("reply %v, %v, runs %d; want ch_1 from one run", reply, err, p.runs.Load())
