@@ -183,9 +183,10 @@ func TestClientAttemptTimeout(t *testing.T) {
 		return nil
 	}
 	c := dial(t, addr, retrying(t, grpcidem.WithAttemptTimeout(100*time.Millisecond), grpcidem.WithMaxAttempts(100)))
-	reply, err := c.Pay(context.Background(), &testpb.PayRequest{})
-	if err != nil || reply.GetChargeId() != "ch_1" || p.runs.Load() != 1 {
-		t.Fatalf("reply %v, %v, runs %d; want ch_1 from one run", reply, err, p.runs.Load())
+	var h metadata.MD
+	reply, err := c.Pay(context.Background(), &testpb.PayRequest{}, grpc.Header(&h))
+	if err != nil || reply.GetChargeId() != "ch_1" || p.runs.Load() != 1 || !replayed(h) {
+		t.Fatalf("reply %v, %v, runs %d, replayed %v; want ch_1 from one run, replayed to a later attempt", reply, err, p.runs.Load(), replayed(h))
 	}
 }
 
