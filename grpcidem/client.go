@@ -16,10 +16,17 @@ import (
 
 // Defaults of the client interceptor's options.
 const (
+	// DefaultMaxAttempts bounds the attempts of a call, the first
+	// included ([WithMaxAttempts]).
 	DefaultMaxAttempts = 5
-	DefaultMaxElapsed  = 30 * time.Second
-	DefaultMinBackoff  = 100 * time.Millisecond
-	DefaultMaxBackoff  = 5 * time.Second
+	// DefaultMaxElapsed bounds the time from the first attempt to the
+	// start of the last ([WithMaxElapsed]).
+	DefaultMaxElapsed = 30 * time.Second
+	// DefaultMinBackoff is the backoff before the first retry
+	// ([WithBackoff]).
+	DefaultMinBackoff = 100 * time.Millisecond
+	// DefaultMaxBackoff caps the doubling backoff ([WithBackoff]).
+	DefaultMaxBackoff = 5 * time.Second
 )
 
 // NewKey returns a new idempotency key: a random (version 4) UUID. Make
