@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/exactlyonce/idempotency v0.1.0
+	github.com/exactlyonce/idempotency/grpcidem v0.1.0
 	github.com/exactlyonce/idempotency/store/postgres v0.1.0
 	github.com/exactlyonce/idempotency/store/redis v0.1.0
 	github.com/gin-gonic/gin v1.12.0
@@ -11,6 +12,8 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -48,19 +51,20 @@ require (
 	go.mongodb.org/mongo-driver/v2 v2.5.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/arch v0.22.0 // indirect
-	golang.org/x/crypto v0.53.0 // indirect
-	golang.org/x/net v0.56.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
-	google.golang.org/protobuf v1.36.10 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 )
 
 // This module is never tagged or published. The replaces build it against
-// this checkout also with GOWORK=off; the published modules (the root and
-// store/*) have none, see RELEASING.md.
+// this checkout also with GOWORK=off; the published modules (the root,
+// store/* and grpcidem) have none, see RELEASING.md.
 replace (
 	github.com/exactlyonce/idempotency => ../
+	github.com/exactlyonce/idempotency/grpcidem => ../grpcidem
 	github.com/exactlyonce/idempotency/store/postgres => ../store/postgres
 	github.com/exactlyonce/idempotency/store/redis => ../store/redis
 )

@@ -12,8 +12,9 @@ import (
 	"time"
 )
 
-// consumerProgram uses the root module and every published adapter. The
-// adapters are only compiled (their stores must satisfy the contract and
+// consumerProgram uses the root module and every published adapter, and
+// imports the other published modules (grpcidem). The adapters are only
+// compiled (their stores must satisfy the contract and
 // offer New), so no server is needed; the memory store runs one call.
 var consumerProgram = template.Must(template.New("main.go").Parse(`package main
 
@@ -24,15 +25,15 @@ import (
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/store/memory"
 {{- range .}}
-	{{.Name}} "{{.Path}}"
+	{{if .Store}}{{.Name}}{{else}}_{{end}} "{{.Path}}"
 {{- end}}
 )
 
 var (
-{{- range .}}
+{{- range .}}{{if .Store}}
 	_ idempotency.Store = (*{{.Name}}.Store)(nil)
 	_                   = {{.Name}}.New
-{{- end}}
+{{- end}}{{end}}
 )
 
 func main() {
@@ -127,7 +128,10 @@ func (c *consumer) check(mods []*goModule, version, goVersion string) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return err
 	}
-	type adapter struct{ Name, Path string }
+	type adapter struct {
+		Name, Path string
+		Store      bool // a store adapter, with a Store type and New
+	}
 	var adapters []adapter
 	var get []string
 	for _, m := range mods {
@@ -136,7 +140,7 @@ func (c *consumer) check(mods []*goModule, version, goVersion string) error {
 		}
 		get = append(get, m.Path+"@"+version)
 		if m.Dir != "." {
-			adapters = append(adapters, adapter{path.Base(m.Dir), m.Path})
+			adapters = append(adapters, adapter{path.Base(m.Dir), m.Path, strings.HasPrefix(m.Dir, "store/")})
 		}
 	}
 	var src bytes.Buffer

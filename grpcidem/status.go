@@ -1,0 +1,137 @@
+package grpcidem
+
+import (
+	"errors"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// ErrorDomain is the Domain of the [errdetails.ErrorInfo] attached to
+// every error the server interceptor answers by itself; its Reason is one
+// of the Reason* constants. Clients should branch on the reason (see
+// [ReasonOf]), not on the message.
+const ErrorDomain = "idempotency.exactlyonce.github.com"
+
+// The reasons of the interceptor's own errors, the counterparts of the
+// HTTP middleware's problem types.
+const (
+	// ReasonKeyMissing (InvalidArgument): the method requires an
+	// idempotency key and the call has none. Send one, made once per user
+	// intent.
+	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// ReasonKeyMalformed (InvalidArgument): the key metadata is repeated,
+	// or the key breaks the length, character or validator rules.
+	ReasonKeyMalformed = "IDEMPOTENCY_KEY_MALFORMED"
+	// ReasonBadRequest (InvalidArgument): the request could not be
+	// fingerprinted. Nothing was claimed.
+	ReasonBadRequest = "IDEMPOTENCY_BAD_REQUEST"
+	// ReasonInProgress (Aborted, with an [errdetails.RetryInfo]): a call
+	// with the same key is being processed. Retry after the delay, with
+	// the same key: the retry gets its response.
+	ReasonInProgress = "IDEMPOTENCY_IN_PROGRESS"
+	// ReasonKeyReused (FailedPrecondition): the key was used before with
+	// a different request (method or message). The first response is
+	// never given for another request; use a new key for a new intent.
+	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	// ReasonResponseNotStored (FailedPrecondition, marked replayed): the
+	// call with this key was processed (its effect happened), but its
+	// response could not be stored, so it cannot be replayed, and the
+	// call is not run again.
+	ReasonResponseNotStored = "IDEMPOTENCY_RESPONSE_NOT_STORED"
+	// ReasonStoreUnavailable (Unavailable, with an [errdetails.RetryInfo]):
+	// the idempotency store could not be reached, so the call was not
+	// processed. Retry with the same key.
+	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonScopeRejected (PermissionDenied): the call's scope (tenant,
+	// peer) could not be established, so its key cannot be used. Nothing
+	// was claimed and the handler did not run.
+	ReasonScopeRejected = "IDEMPOTENCY_SCOPE_REJECTED"
+	// ReasonInternal (Internal): the stored response could not be read, or
+	// the call failed in a way the interceptor cannot classify.
+	ReasonInternal = "IDEMPOTENCY_INTERNAL"
+)
+
+// Stored reports whether the server interceptor stores a handler's
+// answer with this code, to replay it to every retry. The rule follows
+// the HTTP middleware's (2xx to 4xx stored, except 408 and 429), through
+// the usual mapping of codes to HTTP statuses, with one exception:
+//
+//   - stored: OK, InvalidArgument, NotFound, AlreadyExists,
+//     PermissionDenied, FailedPrecondition, OutOfRange: the answer is the
+//     outcome of this request, and a retry must get it again;
+//   - not stored, the key is released so that a retry runs the handler
+//     again: Canceled, Unknown (a handler's plain Go error), DeadlineExceeded,
+//     ResourceExhausted, Aborted, Unimplemented, Internal, Unavailable,
+//     DataLoss (the 5xx, 408 and 429 of HTTP, and Aborted, which gRPC
+//     defines as "retry at a higher level"), and Unauthenticated: unlike
+//     HTTP's 401, which is stored, because a client that refreshes an
+//     expired credential retries the same intent with the same key and
+//     must not get the old failure for the whole retention.
+func Stored(c codes.Code) bool {
+	switch c {
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
+		codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// ErrTransientCode is the error the interceptor's function returns to the
+// executor when the handler failed with a code that [Stored] does not
+// store, so that the key is released and a retry runs the handler again.
+// It is transient under the runner's default error policy; a custom
+// policy ([idempotency.WithErrorPolicy]) must keep it transient, or such
+// failures would be replayed for the whole retention.
+var ErrTransientCode = errors.New("grpcidem: handler failed with a code that means try again")
+
+// fail makes the interceptor's own error: the code and message, an
+// ErrorInfo with the reason and, when retry > 0, a RetryInfo.
+func fail(c codes.Code, reason, msg string, retry time.Duration) error {
+	st := status.New(c, msg)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}}
+	if retry > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
+	}
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// ReasonOf returns the reason of an error the server interceptor answered
+// by itself (one of the Reason* constants), or "" for any other error,
+// such as the handler's own.
+func ReasonOf(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// RetryDelay returns the delay of the first [errdetails.RetryInfo] in
+// err's status, and whether it has one.
+func RetryDelay(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			if d := ri.GetRetryDelay(); d.IsValid() {
+				return max(d.AsDuration(), 0), true
+			}
+		}
+	}
+	return 0, false
+}
