@@ -3,6 +3,16 @@
 // figures and writes a bar chart of the throughput as SVG.
 //
 //	go run ./benchmarks/cmd/report [-duration 1s] [-count 1] [-svg benchmarks/results.svg] [-backends memory,postgres]
+//	go run ./benchmarks/cmd/report -compare 'Floor|Scale' -compare-benchtime 2000x -count 5
+//	go run ./benchmarks/cmd/report -workloads=false -compare-from bench.txt
+//
+// With -compare it also runs, through go test, the comparison benchmarks
+// of benchmarks/ whose names match (BenchmarkXxxFloor: Do against a raw
+// floor; BenchmarkXxxScale: Do on a loaded store against an empty one,
+// and claims beside a sweep), -count times, and adds their medians and
+// ranges to the tables and the chart; -compare-from reads them from a
+// saved go test -bench output instead. See compare.go for the naming
+// convention a new backend's benchmark follows to be picked up.
 //
 // The servers come from IDEM_POSTGRES_URL, IDEM_REDIS_ADDR and
 // IDEM_REDIS_CLUSTER_ADDRS, as for the benchmarks; a backend whose variable
@@ -47,6 +57,10 @@ func main() {
 	svgPath := fs.String("svg", "benchmarks/results.svg", "where to write the SVG chart (empty: do not write it)")
 	count := fs.Int("count", 1, "runs of each workload on each backend; the run with the median ns/op is reported")
 	only := fs.String("backends", "", "comma-separated backends to run (default: memory and every backend whose server variable is set)")
+	workloads := fs.Bool("workloads", true, "run the workloads (false: only the comparisons of -compare or -compare-from)")
+	compare := fs.String("compare", "", "also run the comparison benchmarks of benchmarks/ matching this -bench pattern, e.g. 'Floor|Scale'")
+	compareTime := fs.String("compare-benchtime", "2000x", "the -benchtime of the comparison benchmarks")
+	compareFrom := fs.String("compare-from", "", "read the comparison benchmarks' results from this go test -bench output instead of running them")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: report [flags]\n\nRuns the workloads of benchmarks/ on each backend and prints a Markdown table.\n\n")
 		fs.PrintDefaults()
@@ -62,6 +76,9 @@ func main() {
 	backends, skipped, err := choose(*only)
 	if err != nil {
 		fatal(err)
+	}
+	if !*workloads {
+		backends, skipped = nil, nil
 	}
 	ctx := context.Background()
 	var rows []row
@@ -89,10 +106,33 @@ func main() {
 		}
 	}
 
+	var cmpOut string
+	switch {
+	case *compareFrom != "":
+		b, err := os.ReadFile(*compareFrom)
+		if err != nil {
+			fatal(err)
+		}
+		cmpOut = string(b)
+	case *compare != "":
+		cmpOut, err = runComparisons(*compare, *compareTime, *count)
+		if err != nil {
+			failed = append(failed, err.Error())
+		}
+	}
+	names, runs, err := parseBench(strings.NewReader(cmpOut))
+	if err != nil {
+		fatal(err)
+	}
+	cmps := collect(names, runs)
+
 	env := environment(*duration, *count)
-	writeMarkdown(os.Stdout, rows, skipped, failed, env)
-	if *svgPath != "" && len(rows) > 0 {
-		if err := os.WriteFile(*svgPath, []byte(chart(rows, env)), 0o644); err != nil {
+	if len(rows) > 0 || len(failed) > 0 {
+		writeMarkdown(os.Stdout, rows, skipped, failed, env)
+	}
+	writeComparisons(os.Stdout, cmps)
+	if *svgPath != "" && (len(rows) > 0 || !cmps.empty()) {
+		if err := os.WriteFile(*svgPath, []byte(chart(rows, cmps, env)), 0o644); err != nil {
 			fatal(err)
 		}
 		fmt.Fprintf(os.Stderr, "report: wrote %s\n", *svgPath)

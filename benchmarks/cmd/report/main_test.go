@@ -19,7 +19,7 @@ var testRows = []row{
 // TestChart checks that the chart is well-formed SVG with a bar per row,
 // each labelled with its throughput.
 func TestChart(t *testing.T) {
-	svg := chart(testRows, environment(time.Second, 3))
+	svg := chart(testRows, comparisons{}, environment(time.Second, 3))
 	d := xml.NewDecoder(strings.NewReader(svg))
 	bars := 0
 	for {
