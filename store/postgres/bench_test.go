@@ -177,7 +177,7 @@ func BenchmarkDo(b *testing.B) {
 			}
 			sk, _ := idempotency.StorageKey(nil, "r"+key)
 			repl := map[string]string{warmKey: sk, warmToken: randomHex(16)}
-			var acquired, done bool
+			var acquired bool
 			var fence int64
 			var attempt int32
 			var cps, fp, state *string
@@ -187,8 +187,8 @@ func BenchmarkDo(b *testing.B) {
 			if err := pool.QueryRow(ctx, stmts[0].sql, replaceArgs(stmts[0].args, repl)...).Scan(&acquired, &fence, &attempt, &cps, &fp, &state, &ra, &result, &stale); err != nil || !acquired {
 				b.Fatalf("raw claim: %v, acquired %v", err, acquired)
 			}
-			if err := pool.QueryRow(ctx, stmts[1].sql, replaceArgs(stmts[1].args, repl)...).Scan(&done); err != nil || !done {
-				b.Fatalf("raw complete: %v, %v", err, done)
+			if tag, err := pool.Exec(ctx, stmts[1].sql, replaceArgs(stmts[1].args, repl)...); err != nil || tag.RowsAffected() != 1 {
+				b.Fatalf("raw complete: %v, %v", err, tag)
 			}
 			doNs += t1.Sub(t0)
 			rawNs += time.Since(t1)

@@ -3,10 +3,12 @@
 // the caller's own transaction, together with the effect.
 //
 // As a plain store behind [idempotency.Do], every decision is one SQL
-// statement judged by the server's clock_timestamp(): a claim is a single
-// INSERT ... ON CONFLICT ... DO UPDATE ... WHERE takeover condition, and
-// Renew, Checkpoint, Complete and Release are UPDATE or DELETE statements
-// conditional on the holder's token. Fences come from a sequence. Expired
+// statement judged by the server's clock_timestamp(): a claim first reads
+// the row without locking it and inserts a fresh record only when there is
+// none (so a replay takes no lock and writes nothing); a takeover, an
+// expired row or a race goes on to a single INSERT ... ON CONFLICT ... DO
+// UPDATE ... WHERE takeover condition. Renew, Checkpoint, Complete and
+// Release are UPDATE statements conditional on the holder's token. Fences come from a sequence. Expired
 // rows are treated as absent and removed by [Store.Sweep]. With
 // [Options.Notify], Complete and Release also pg_notify, and [Store.Watch]
 // wakes waiting duplicates through one LISTEN connection per store instead

@@ -10,6 +10,7 @@ import "strings"
 // every parameter carries a cast, so the statements also work with pgx's
 // exec and simple-protocol modes (PgBouncer transaction pooling).
 type statements struct {
+	claimFast, completeFallback                                               string
 	claim, renew, checkpoint, complete, completeTx, release, sweep, leaseLeft string
 	inspect, purge, stuck                                                     string
 }
@@ -82,6 +83,63 @@ SELECT false, cur.fence, cur.attempt, NULL::text,
 		AND (cur.lease_until <= t.now OR cur.token = $3::text))
 FROM cur, LATERAL (SELECT clock_timestamp() AS now) AS t`
 
+// claimFastSQL is what Claim runs first: a plain read of the row, and
+// only when there is none an INSERT ... ON CONFLICT DO NOTHING. It
+// decides, without taking a lock or writing anything, every claim that
+// finds a live row it may not take (a replay, a mismatch, a claim in
+// progress under another token); and with one insertion every claim of a
+// key that has no row. It returns:
+//   - acquired (the first column true) when it inserted a fresh record;
+//   - the row it read, with "stale" (the last column) false, when that
+//     row is live and not the caller's to take: a COMPLETED record is
+//     immutable until it expires, and a STARTED one under another token
+//     whose lease has not ended (or with another fingerprint) changes only
+//     by its holder, so the statement's snapshot answers as well as a
+//     lock would, at the moment the snapshot was taken; the clock c.now,
+//     read after the snapshot, judges expiry and lease (a row live then
+//     was live at the snapshot);
+//   - the row with stale true when it is expired or the caller may take
+//     it over, and no row when the insertion met a row committed after
+//     the snapshot: Claim then runs claimSQL, which decides under the
+//     row's lock.
+//
+// The time left on the lease is computed from greatest(lease_until, now)
+// because a tombstone's lease_until is -infinity, which cannot be
+// subtracted.
+//
+// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
+const claimFastSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+cur AS MATERIALIZED (
+	SELECT r.fingerprint, r.state, r.token, r.fence, r.attempt, r.lease_until, r.expires_at, r.result
+	FROM {T} AS r
+	WHERE r.key = $1::text
+),
+ins AS (
+	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
+		lease_until, grace, expires_at, checkpoints, result, created_at)
+	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
+		c.now + $4::bigint * interval '1 microsecond',
+		$5::bigint * interval '1 microsecond',
+		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
+		NULL, NULL, c.now
+	FROM c
+	WHERE NOT EXISTS (SELECT FROM cur)
+	ON CONFLICT (key) DO NOTHING
+	RETURNING r.fence
+)
+SELECT true, ins.fence, 1, NULL::text,
+	NULL::text, NULL::text, 0::bigint, NULL::bytea, false
+FROM ins
+UNION ALL
+SELECT false, cur.fence, cur.attempt, NULL::text,
+	cur.fingerprint, cur.state,
+	ceil(extract(epoch FROM greatest(cur.lease_until, c.now) - c.now) * 1000000)::bigint,
+	cur.result,
+	cur.expires_at <= c.now OR (cur.state = 'started' AND cur.fingerprint = $2::text
+		AND (cur.lease_until <= c.now OR cur.token = $3::text))
+FROM cur, c`
+
 // $1 key, $2 token, $3 lease µs.
 const renewSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
@@ -104,33 +162,34 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expi
 // $1 key, $2 token, $3 result, $4 retention µs, and with Options.Notify
 // $5 the key's hash, the payload of the notification sent (at commit) when
 // the row changes: {NOTIFY5} is pg_notify in the RETURNING list of the
-// UPDATE, which PostgreSQL runs to completion for every changed row (a
-// data-modifying CTE always is), so the payload goes out exactly when
-// the record completes. Returns whether the record is (now, or already
-// was) COMPLETED under the token.
-//
-// The fallback read is a locking one, and tests state and token in its
-// select list rather than its WHERE: when a repeat of this Complete (same
-// token, rule 4) runs at the same time, the UPDATE waits for it, then finds
-// the row no longer STARTED and changes nothing; a plain read would see the
-// statement's snapshot (still STARTED) and report a lost lease, while FOR
-// SHARE reads the row as the other call committed it.
+// UPDATE, which the statement (run to completion) evaluates for every
+// changed row, so the payload goes out exactly when the record completes.
+// One row changed: the record is now COMPLETED under the token.
 const completeSQL = `
-WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
-upd AS (
-	UPDATE {T} AS r SET
-		state = 'completed',
-		result = coalesce($3::bytea, ''::bytea),
-		checkpoints = NULL,
-		lease_until = c.now,
-		expires_at = c.now + $4::bigint * interval '1 microsecond'
-	FROM c
-	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
-	RETURNING {NOTIFY5}
-)
-SELECT EXISTS (SELECT FROM upd) OR coalesce((
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE {T} AS r SET
+	state = 'completed',
+	result = coalesce($3::bytea, ''::bytea),
+	checkpoints = NULL,
+	lease_until = c.now,
+	expires_at = c.now + $4::bigint * interval '1 microsecond'
+FROM c
+WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
+RETURNING {NOTIFY5}`
+
+// completeFallbackSQL runs when completeSQL changed nothing, and returns
+// whether the record already is COMPLETED under the token (a repeat of
+// this Complete, rule 4) rather than lost. The read is a locking one, and
+// tests state and token in its select list rather than its WHERE: when a
+// repeat of this Complete runs at the same time, completeSQL waited for
+// it, then found the row no longer STARTED and changed nothing; a locking
+// read returns the row as the other call committed it (a read in the same
+// statement would have seen the statement's snapshot, still STARTED).
+// $1 key, $2 token.
+const completeFallbackSQL = `
+SELECT coalesce((
 	SELECT r.state = 'completed' AND r.token = $2::text
-	FROM {T} AS r, c
+	FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
 	WHERE r.key = $1::text AND r.expires_at > c.now
 	FOR SHARE OF r), false)`
 
@@ -251,16 +310,18 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 	}
 	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{NOTIFY5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2)
 	return statements{
-		leaseLeft:  r.Replace(leaseLeftSQL),
-		inspect:    r.Replace(inspectSQL),
-		purge:      r.Replace(purgeSQL),
-		stuck:      r.Replace(stuckSQL),
-		claim:      r.Replace(claimSQL),
-		renew:      r.Replace(renewSQL),
-		checkpoint: r.Replace(checkpointSQL),
-		complete:   r.Replace(completeSQL),
-		completeTx: r.Replace(completeTxSQL),
-		release:    r.Replace(releaseSQL),
-		sweep:      r.Replace(sweepSQL),
+		leaseLeft:        r.Replace(leaseLeftSQL),
+		inspect:          r.Replace(inspectSQL),
+		purge:            r.Replace(purgeSQL),
+		stuck:            r.Replace(stuckSQL),
+		claimFast:        r.Replace(claimFastSQL),
+		claim:            r.Replace(claimSQL),
+		completeFallback: r.Replace(completeFallbackSQL),
+		renew:            r.Replace(renewSQL),
+		checkpoint:       r.Replace(checkpointSQL),
+		complete:         r.Replace(completeSQL),
+		completeTx:       r.Replace(completeTxSQL),
+		release:          r.Replace(releaseSQL),
+		sweep:            r.Replace(sweepSQL),
 	}
 }

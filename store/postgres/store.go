@@ -42,6 +42,13 @@ func checkClaim(r idempotency.ClaimRequest) error {
 }
 
 func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	// The plain read and insertion first (see claimFastSQL): they decide
+	// fresh keys, replays, mismatches and claims in progress; takeovers,
+	// expired rows and races go on to the locking statement.
+	row := db.QueryRow(ctx, s.sql.claimFast, r.Key, string(r.Fingerprint), string(r.Token), micros(r.Lease), micros(r.Grace))
+	if res, ok, err := s.scanClaim(ctx, row, r); err != nil || ok {
+		return res, err
+	}
 	for range claimRetries {
 		res, ok, err := s.claimOnce(ctx, db, r)
 		if err != nil || ok {
@@ -199,9 +206,16 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if s.notify {
 		args = append(args, keyHash(key))
 	}
-	var done bool
-	err := s.db.QueryRow(ctx, s.sql.complete, args...).Scan(&done)
+	tag, err := s.db.Exec(ctx, s.sql.complete, args...)
 	if err != nil {
+		return wrapErr(ctx, "complete", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	// Nothing changed: lost, or completed already by a repeat of this call.
+	var done bool
+	if err := s.db.QueryRow(ctx, s.sql.completeFallback, key, string(token)).Scan(&done); err != nil {
 		return wrapErr(ctx, "complete", err)
 	}
 	if !done {

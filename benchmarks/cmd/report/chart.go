@@ -17,15 +17,38 @@ var colors = map[string]string{
 	bench.Redis:        "#e15759",
 	bench.RedisCluster: "#f28e2b",
 	bench.Etcd:         "#59a14f",
+	bench.Mongo:        "#b07aa1",
 }
 
-// chart draws the throughput of rows as grouped bars, one group per
+// chartWidth is the width of the chart, and throughputHeight the height
+// of its throughput panel.
+const chartWidth, throughputHeight = 860, 480
+
+// chart draws the throughput of rows (when there are any) and, below, the
+// ratios of the comparison benchmarks (when there are any) as one SVG.
+func chart(rows []row, c comparisons, env string) string {
+	var panels []string
+	height := 0
+	if len(rows) > 0 {
+		panels = append(panels, fmt.Sprintf(`<g transform="translate(0 %d)">%s</g>`, height, throughput(rows, env)))
+		height += throughputHeight
+	}
+	if !c.empty() {
+		svg, h := ratios(c, env, len(rows) == 0)
+		panels = append(panels, fmt.Sprintf(`<g transform="translate(0 %d)">%s</g>`, height, svg))
+		height += h
+	}
+	return fmt.Sprintf(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">`+"\n"+
+		`<rect width="100%%" height="100%%" fill="#ffffff"/>`+"\n%s\n</svg>\n", chartWidth, height, chartWidth, height, strings.Join(panels, "\n"))
+}
+
+// throughput draws the throughput of rows as grouped bars, one group per
 // workload and one bar per backend, on a logarithmic axis: the memory store
 // is two orders of magnitude faster than a networked one, which a linear
 // axis would flatten to nothing.
-func chart(rows []row, env string) string {
+func throughput(rows []row, env string) string {
 	const (
-		width, height          = 860, 480
+		width, height          = chartWidth, throughputHeight
 		left, right, top, foot = 72, 24, 96, 56
 	)
 	x0, x1 := float64(left), float64(width-right)
@@ -56,8 +79,6 @@ func chart(rows []row, env string) string {
 
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">`, width, height, width, height)
-	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>`)
 	p(`<text x="%d" y="26" font-size="17" font-weight="bold">idempotency.Do throughput by backend</text>`, left)
 	p(`<text x="%d" y="46" font-size="12" fill="#444">operations per second, logarithmic scale, higher is better; %d-byte JSON result</text>`, left, bench.ResultSize)
 	p(`<text x="%d" y="63" font-size="11" fill="#666">%s</text>`, left, html.EscapeString(env))
@@ -105,8 +126,60 @@ func chart(rows []row, env string) string {
 	p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#444"/>`, x0, yBot, x1, yBot)
 	p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#444"/>`, x0, yTop, x0, yBot)
 	p(`<text x="%d" y="%d" font-size="10" fill="#888">go run ./benchmarks/cmd/report; parallel workloads: ops/s over all goroutines</text>`, left, height-12)
-	p(`</svg>`)
 	return b.String()
+}
+
+// ratios draws the ratio of every floor and scale comparison as a
+// horizontal bar (the median, with a whisker over the range of the runs)
+// on a linear axis from 0 to 1.2, with the target of each marked: 0.9 for
+// the floors, 0.8 for the scale runs. withEnv adds the line describing the
+// machine, when no throughput panel above has it. It returns the SVG and
+// its height.
+func ratios(c comparisons, env string, withEnv bool) (string, int) {
+	type bar struct {
+		label, color string
+		s            stat
+		target       float64
+	}
+	var bars []bar
+	for _, f := range c.floors {
+		bars = append(bars, bar{fmt.Sprintf("%s %s, %d caller(s): Do vs raw floor", f.backend, f.workload, f.callers), colors[f.backend], f.ratio, 0.9})
+	}
+	for _, s := range c.scales {
+		bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: loaded vs empty", s.backend, s.workload, s.records), colors[s.backend], s.ratio, 0.8})
+	}
+	const (
+		left, right, top, rowH = 300, 40, 70, 22
+		maxRatio               = 1.2
+	)
+	height := top + rowH*len(bars) + 40
+	x0, x1 := float64(left), float64(chartWidth-right)
+	x := func(v float64) float64 { return x0 + math.Min(v, maxRatio)/maxRatio*(x1-x0) }
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	p(`<text x="24" y="26" font-size="17" font-weight="bold">Ratios to a baseline in the same run</text>`)
+	p(`<text x="24" y="44" font-size="12" fill="#444">baseline time ÷ Do time, median and range of the runs; 1 = no slower than the baseline; | marks the target</text>`)
+	if withEnv {
+		p(`<text x="24" y="60" font-size="11" fill="#666">%s</text>`, html.EscapeString(env))
+	}
+	for _, v := range []float64{0, 0.2, 0.4, 0.6, 0.8, 1, 1.2} {
+		p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>`, x(v), top-4, x(v), height-36)
+		p(`<text x="%.1f" y="%d" font-size="10" text-anchor="middle" fill="#444">%.1f</text>`, x(v), height-24, v)
+	}
+	for i, br := range bars {
+		y := float64(top + i*rowH)
+		color := br.color
+		if color == "" {
+			color = "#999"
+		}
+		p(`<text x="%.1f" y="%.1f" font-size="11" text-anchor="end">%s</text>`, x0-8, y+13, html.EscapeString(br.label))
+		p(`<rect x="%.1f" y="%.1f" width="%.1f" height="14" fill="%s"><title>%s: %.2f (%.2f–%.2f)</title></rect>`,
+			x0, y+2, x(br.s.med)-x0, color, html.EscapeString(br.label), br.s.med, br.s.lo, br.s.hi)
+		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`, x(br.s.lo), y+9, x(br.s.hi), y+9)
+		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2"/>`, x(br.target), y, x(br.target), y+18)
+		p(`<text x="%.1f" y="%.1f" font-size="10">%.2f</text>`, x(math.Max(br.s.med, br.s.hi))+4, y+13, br.s.med)
+	}
+	return b.String(), height
 }
 
 // human formats a rate briefly: 950, 9.5k, 95k, 1.25M.

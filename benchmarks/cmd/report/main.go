@@ -3,6 +3,16 @@
 // figures and writes a bar chart of the throughput as SVG.
 //
 //	go run ./benchmarks/cmd/report [-duration 1s] [-count 1] [-svg benchmarks/results.svg] [-backends memory,postgres]
+//	go run ./benchmarks/cmd/report -compare 'Floor|Scale' -compare-benchtime 2000x -count 5
+//	go run ./benchmarks/cmd/report -workloads=false -compare-from bench.txt
+//
+// With -compare it also runs, through go test, the comparison benchmarks
+// of benchmarks/ whose names match (BenchmarkXxxFloor: Do against a raw
+// floor; BenchmarkXxxScale: Do on a loaded store against an empty one,
+// and claims beside a sweep), -count times, and adds their medians and
+// ranges to the tables and the chart; -compare-from reads them from a
+// saved go test -bench output instead. See compare.go for the naming
+// convention a new backend's benchmark follows to be picked up.
 //
 // The servers come from IDEM_POSTGRES_URL, IDEM_REDIS_ADDR and
 // IDEM_REDIS_CLUSTER_ADDRS, as for the benchmarks; a backend whose variable
@@ -22,6 +32,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +58,11 @@ func main() {
 	svgPath := fs.String("svg", "benchmarks/results.svg", "where to write the SVG chart (empty: do not write it)")
 	count := fs.Int("count", 1, "runs of each workload on each backend; the run with the median ns/op is reported")
 	only := fs.String("backends", "", "comma-separated backends to run (default: memory and every backend whose server variable is set)")
+	workloads := fs.Bool("workloads", true, "run the workloads (false: only the comparisons of -compare or -compare-from)")
+	compare := fs.String("compare", "", "also run the comparison benchmarks of benchmarks/ matching this -bench pattern, e.g. 'Floor|Scale'")
+	compareTime := fs.String("compare-benchtime", "2000x", "the -benchtime of the comparison benchmarks")
+	compareFrom := fs.String("compare-from", "", "read the comparison benchmarks' results from this go test -bench output instead of running them")
+	workloadsFrom := fs.String("workloads-from", "", "read the workloads' figures from this earlier output of the report (its Markdown tables) instead of running them")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: report [flags]\n\nRuns the workloads of benchmarks/ on each backend and prints a Markdown table.\n\n")
 		fs.PrintDefaults()
@@ -62,6 +78,9 @@ func main() {
 	backends, skipped, err := choose(*only)
 	if err != nil {
 		fatal(err)
+	}
+	if !*workloads || *workloadsFrom != "" {
+		backends, skipped = nil, nil
 	}
 	ctx := context.Background()
 	var rows []row
@@ -89,10 +108,45 @@ func main() {
 		}
 	}
 
+	if *workloadsFrom != "" {
+		b, err := os.ReadFile(*workloadsFrom)
+		if err != nil {
+			fatal(err)
+		}
+		if rows, err = parseMarkdown(string(b)); err != nil {
+			fatal(fmt.Errorf("%s: %w", *workloadsFrom, err))
+		}
+	}
+	var cmpOut string
+	switch {
+	case *compareFrom != "":
+		b, err := os.ReadFile(*compareFrom)
+		if err != nil {
+			fatal(err)
+		}
+		cmpOut = string(b)
+	case *compare != "":
+		cmpOut, err = runComparisons(*compare, *compareTime, *count)
+		if err != nil {
+			failed = append(failed, err.Error())
+		}
+	}
+	names, runs, err := parseBench(strings.NewReader(cmpOut))
+	if err != nil {
+		fatal(err)
+	}
+	cmps := collect(names, runs)
+
 	env := environment(*duration, *count)
-	writeMarkdown(os.Stdout, rows, skipped, failed, env)
-	if *svgPath != "" && len(rows) > 0 {
-		if err := os.WriteFile(*svgPath, []byte(chart(rows, env)), 0o644); err != nil {
+	if *workloadsFrom != "" {
+		env = fmt.Sprintf("%s/%s; workload figures read from %s", runtime.GOOS, runtime.GOARCH, *workloadsFrom)
+	}
+	if len(rows) > 0 || len(failed) > 0 {
+		writeMarkdown(os.Stdout, rows, skipped, failed, env)
+	}
+	writeComparisons(os.Stdout, cmps)
+	if *svgPath != "" && (len(rows) > 0 || !cmps.empty()) {
+		if err := os.WriteFile(*svgPath, []byte(chart(rows, cmps, env)), 0o644); err != nil {
 			fatal(err)
 		}
 		fmt.Fprintf(os.Stderr, "report: wrote %s\n", *svgPath)
@@ -172,7 +226,7 @@ func environment(d time.Duration, count int) string {
 
 func writeMarkdown(w io.Writer, rows []row, skipped, failed []string, env string) {
 	fmt.Fprintf(w, "Workloads through idempotency.Do with a %d-byte JSON result (%s).\n\n", bench.ResultSize, env)
-	fmt.Fprintln(w, "| backend | workload | ns/op | ops/s | allocs/op | B/op | round trips/op |")
+	fmt.Fprintln(w, workloadHeader)
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|")
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %d | %d | %.2f |\n",
@@ -186,7 +240,7 @@ func writeMarkdown(w io.Writer, rows []row, skipped, failed []string, env string
 	}
 	if len(contended) > 0 {
 		fmt.Fprintf(w, "\nOutcomes of the contended workload (%d hot keys, %d requests each), per operation:\n\n", bench.HotKeys, bench.PerKey)
-		fmt.Fprintln(w, "| backend | acquired | replayed | in progress |")
+		fmt.Fprintln(w, outcomesHeader)
 		fmt.Fprintln(w, "|---|--:|--:|--:|")
 		for _, r := range contended {
 			fmt.Fprintf(w, "| %s | %.3f | %.3f | %.3f |\n", r.backend, r.extra["acquired/op"], r.extra["replayed/op"], r.extra["inprogress/op"])
@@ -205,6 +259,63 @@ func writeMarkdown(w io.Writer, rows []row, skipped, failed []string, env string
 			fmt.Fprintf(w, "- %s\n", f)
 		}
 	}
+}
+
+// The headers of writeMarkdown's tables, by which parseMarkdown finds them.
+const (
+	workloadHeader = "| backend | workload | ns/op | ops/s | allocs/op | B/op | round trips/op |"
+	outcomesHeader = "| backend | acquired | replayed | in progress |"
+)
+
+// parseMarkdown reads back the rows of the tables writeMarkdown wrote
+// (the figures of each workload, then the contended outcomes), so that
+// the chart can be drawn again from saved figures.
+func parseMarkdown(md string) ([]row, error) {
+	var rows []row
+	num := func(s string) (float64, error) { return strconv.ParseFloat(strings.ReplaceAll(s, ",", ""), 64) }
+	table := "" // the table being read, by its header
+	for _, line := range strings.Split(md, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			table = ""
+			continue
+		}
+		if strings.HasPrefix(line, "| backend |") {
+			table = line
+			continue
+		}
+		c := strings.Split(strings.Trim(line, "| "), " | ")
+		switch {
+		case strings.HasPrefix(line, "|--"): // the alignment row
+		case table == workloadHeader && len(c) == 7: // backend, workload, ns/op, ops/s, allocs/op, B/op, round trips/op
+			ns, err := num(c[2])
+			if err != nil {
+				return nil, fmt.Errorf("row %q: %w", line, err)
+			}
+			allocs, err1 := num(c[4])
+			bytes, err2 := num(c[5])
+			trips, err3 := num(c[6])
+			if err := errors.Join(err1, err2, err3); err != nil {
+				return nil, fmt.Errorf("row %q: %w", line, err)
+			}
+			rows = append(rows, row{backend: c[0], workload: c[1], nsPerOp: ns, allocsPerOp: int64(allocs), bytesPerOp: int64(bytes),
+				extra: map[string]float64{"roundtrips/op": trips}})
+		case table == outcomesHeader && len(c) == 4: // backend, acquired, replayed, in progress (of contended)
+			for i := range rows {
+				if rows[i].backend != c[0] || rows[i].workload != "contended" {
+					continue
+				}
+				for j, unit := range []string{"acquired/op", "replayed/op", "inprogress/op"} {
+					if v, err := num(c[j+1]); err == nil {
+						rows[i].extra[unit] = v
+					}
+				}
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return nil, errors.New("no workload figures found")
+	}
+	return rows, nil
 }
 
 // group formats x rounded to an integer with thousands separated by commas.

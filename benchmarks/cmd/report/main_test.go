@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ var testRows = []row{
 // TestChart checks that the chart is well-formed SVG with a bar per row,
 // each labelled with its throughput.
 func TestChart(t *testing.T) {
-	svg := chart(testRows, environment(time.Second, 3))
+	svg := chart(testRows, comparisons{}, environment(time.Second, 3))
 	d := xml.NewDecoder(strings.NewReader(svg))
 	bars := 0
 	for {
@@ -76,5 +77,37 @@ func TestHuman(t *testing.T) {
 		if got := group(v); got != want {
 			t.Errorf("group(%v) = %q, want %q", v, got, want)
 		}
+	}
+}
+
+// TestMarkdownRoundTrip checks that the tables the report writes read back
+// into the same rows, so a chart can be drawn again from saved figures.
+func TestMarkdownRoundTrip(t *testing.T) {
+	var b bytes.Buffer
+	writeMarkdown(&b, testRows, nil, nil, environment(time.Second, 1))
+	names, runs, err := parseBench(strings.NewReader(sampleBench))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeComparisons(&b, collect(names, runs)) // tables of 7 columns too, to be left alone
+	rows, err := parseMarkdown(b.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(testRows) {
+		t.Fatalf("read back %d rows, want %d:\n%s", len(rows), len(testRows), b.String())
+	}
+	for i, r := range rows {
+		w := testRows[i]
+		if r.backend != w.backend || r.workload != w.workload || r.nsPerOp != w.nsPerOp || r.allocsPerOp != w.allocsPerOp ||
+			r.bytesPerOp != w.bytesPerOp || math.Abs(r.extra["roundtrips/op"]-w.extra["roundtrips/op"]) > 0.005 {
+			t.Errorf("row %d read back as %+v, want %+v", i, r, w)
+		}
+	}
+	if got := rows[2].extra["inprogress/op"]; got != 0.375 {
+		t.Errorf("contended in progress read back as %v, want 0.375", got)
+	}
+	if _, err := parseMarkdown("no tables here"); err == nil {
+		t.Error("parseMarkdown of text without tables: no error")
 	}
 }

@@ -13,6 +13,13 @@ import (
 // goroutine g. It reports ns/op (Do's), raw-ns/op (the floor's), ratio =
 // raw-ns/op ÷ ns/op, and roundtrips/op of Do as counted in trips.
 func Floor(b *testing.B, callers int, trips *atomic.Int64, do, raw func(g, i int) error) {
+	Compare(b, callers, trips, "raw", do, raw)
+}
+
+// Compare is [Floor] with another name for the baseline: it reports
+// ns/op (do's), base+"-ns/op" (the baseline's) and ratio = baseline
+// time ÷ do's time, so 1 means do costs no more than the baseline.
+func Compare(b *testing.B, callers int, trips *atomic.Int64, base string, do, raw func(g, i int) error) {
 	run := func(n, base int, f func(g, i int) error) time.Duration {
 		var next atomic.Int64
 		var wg sync.WaitGroup
@@ -51,7 +58,25 @@ func Floor(b *testing.B, callers int, trips *atomic.Int64, do, raw func(g, i int
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(doTime.Nanoseconds())/float64(b.N), "ns/op")
-	b.ReportMetric(float64(rawTime.Nanoseconds())/float64(b.N), "raw-ns/op")
+	b.ReportMetric(float64(rawTime.Nanoseconds())/float64(b.N), base+"-ns/op")
 	b.ReportMetric(float64(rawTime)/float64(doTime), "ratio")
 	b.ReportMetric(float64(doTrips)/float64(b.N), "roundtrips/op")
+}
+
+// Warm runs f(g) for g in [0, callers) at once, one goroutine each, so
+// that every connection a pool will use is dialled and has its statements
+// prepared before the timer starts; it calls fatal with the first error.
+func Warm(callers int, f func(g int) error, fatal func(args ...any)) {
+	var wg sync.WaitGroup
+	errs := make([]error, callers)
+	for g := range callers {
+		wg.Go(func() { errs[g] = f(g) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			fatal(err)
+			return
+		}
+	}
 }

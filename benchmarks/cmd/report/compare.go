@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// The comparison benchmarks of benchmarks/ that the report reads, by
+// naming convention, so that a new backend's benchmark slots in by its
+// name alone:
+//
+//   - BenchmarkXxxFloor/op=OP/callers=N: Do against a raw floor of the
+//     same round trips (metrics ns/op, raw-ns/op, ratio, roundtrips/op);
+//   - BenchmarkXxxScale/records=1eK/op=OP/callers=N: Do on a store that
+//     holds 10^K live records against an empty one (ns/op, empty-ns/op,
+//     ratio, bytes/record);
+//   - BenchmarkXxxScale/sweep=1eK/callers=N: claims beside a sweep of 10^K
+//     expired records (p99-base-ms, p99-sweep-ms, p99-ratio, swept).
+//
+// Xxx names the backend in CamelCase: Postgres, Redis, RedisCluster, Etcd,
+// Mongo become postgres, redis, redis-cluster, etcd, mongo.
+var (
+	floorName = regexp.MustCompile(`^Benchmark(\w+)Floor/op=([\w-]+)/callers=(\d+)$`)
+	scaleName = regexp.MustCompile(`^Benchmark(\w+)Scale/records=(1e\d+)/op=([\w-]+)/callers=(\d+)$`)
+	sweepName = regexp.MustCompile(`^Benchmark(\w+)Scale/sweep=(1e\d+)/callers=(\d+)$`)
+)
+
+// benchRun is one result line of go test -bench: its metrics by unit.
+type benchRun map[string]float64
+
+// parseBench reads go test -bench output and returns the runs of every
+// benchmark, by name without the -GOMAXPROCS suffix, in order of first
+// appearance.
+func parseBench(r io.Reader) (names []string, runs map[string][]benchRun, err error) {
+	runs = map[string][]benchRun{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") || len(f)%2 != 0 {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		name := f[0]
+		if i := strings.LastIndexByte(name, '-'); i > 0 {
+			if _, err := strconv.Atoi(name[i+1:]); err == nil {
+				name = name[:i]
+			}
+		}
+		run := benchRun{}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				return nil, nil, fmt.Errorf("benchmark line %q: %w", sc.Text(), err)
+			}
+			run[f[i+1]] = v
+		}
+		if _, ok := runs[name]; !ok {
+			names = append(names, name)
+		}
+		runs[name] = append(runs[name], run)
+	}
+	return names, runs, sc.Err()
+}
+
+// stat is the median and range of one metric over the runs.
+type stat struct{ med, lo, hi float64 }
+
+func statOf(runs []benchRun, unit string) stat {
+	var v []float64
+	for _, r := range runs {
+		if x, ok := r[unit]; ok {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return stat{}
+	}
+	slices.Sort(v)
+	med := v[len(v)/2]
+	if len(v)%2 == 0 {
+		med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return stat{med, v[0], v[len(v)-1]}
+}
+
+// floorRow, scaleRow and sweepRow are the comparison figures of one
+// benchmark, over its runs.
+type floorRow struct {
+	backend, workload string
+	callers, runs     int
+	do, raw, ratio    stat
+	trips             float64
+}
+
+type scaleRow struct {
+	backend, records, workload string
+	callers, runs              int
+	do, empty, ratio           stat
+	bytesPerRecord             float64
+}
+
+type sweepRow struct {
+	backend, rows            string
+	callers, runs            int
+	seconds, base, during, r stat
+}
+
+// comparisons are the comparison benchmarks found in a go test -bench
+// output.
+type comparisons struct {
+	floors []floorRow
+	scales []scaleRow
+	sweeps []sweepRow
+}
+
+func (c comparisons) empty() bool {
+	return len(c.floors) == 0 && len(c.scales) == 0 && len(c.sweeps) == 0
+}
+
+// backendName turns the CamelCase Xxx of a benchmark's name into the
+// backend's name: RedisCluster → redis-cluster.
+func backendName(camel string) string {
+	var b strings.Builder
+	for i, r := range camel {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('-')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func collect(names []string, runs map[string][]benchRun) comparisons {
+	var c comparisons
+	for _, name := range names {
+		rs := runs[name]
+		if m := floorName.FindStringSubmatch(name); m != nil {
+			callers, _ := strconv.Atoi(m[3])
+			c.floors = append(c.floors, floorRow{
+				backend: backendName(m[1]), workload: m[2], callers: callers, runs: len(rs),
+				do: statOf(rs, "ns/op"), raw: statOf(rs, "raw-ns/op"), ratio: statOf(rs, "ratio"),
+				trips: statOf(rs, "roundtrips/op").med,
+			})
+		}
+		if m := scaleName.FindStringSubmatch(name); m != nil {
+			callers, _ := strconv.Atoi(m[4])
+			c.scales = append(c.scales, scaleRow{
+				backend: backendName(m[1]), records: m[2], workload: m[3], callers: callers, runs: len(rs),
+				do: statOf(rs, "ns/op"), empty: statOf(rs, "empty-ns/op"), ratio: statOf(rs, "ratio"),
+				bytesPerRecord: statOf(rs, "bytes/record").med,
+			})
+		}
+		if m := sweepName.FindStringSubmatch(name); m != nil {
+			callers, _ := strconv.Atoi(m[3])
+			ns := statOf(rs, "ns/op")
+			c.sweeps = append(c.sweeps, sweepRow{
+				backend: backendName(m[1]), rows: m[2], callers: callers, runs: len(rs),
+				seconds: stat{ns.med / 1e9, ns.lo / 1e9, ns.hi / 1e9},
+				base:    statOf(rs, "p99-base-ms"), during: statOf(rs, "p99-sweep-ms"), r: statOf(rs, "p99-ratio"),
+			})
+		}
+	}
+	slices.SortStableFunc(c.floors, func(a, b floorRow) int { return cmp.Compare(a.backend, b.backend) })
+	slices.SortStableFunc(c.scales, func(a, b scaleRow) int { return cmp.Compare(a.backend, b.backend) })
+	return c
+}
+
+// runComparisons runs the benchmarks of benchmarks/ matching pattern with
+// go test, echoing their output to stderr, and returns what it printed.
+func runComparisons(pattern, benchtime string, count int) (string, error) {
+	args := []string{"test", "-run", "^$", "-bench", pattern, "-benchtime", benchtime,
+		"-count", strconv.Itoa(count), "-timeout", "2h", "github.com/exactlyonce/idempotency/benchmarks"}
+	fmt.Fprintf(os.Stderr, "report: go %s\n", strings.Join(args, " "))
+	cmd := exec.Command("go", args...)
+	var out strings.Builder
+	cmd.Stdout = io.MultiWriter(&out, os.Stderr)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("go test -bench %s: %w", pattern, err)
+	}
+	return out.String(), nil
+}
+
+// ms formats nanoseconds as milliseconds, or as µs below one.
+func ms(ns float64) string {
+	if ns < 1e6 {
+		return fmt.Sprintf("%.0f µs", ns/1e3)
+	}
+	return fmt.Sprintf("%.2f ms", ns/1e6)
+}
+
+// ranged formats a ratio's median with its range over the runs.
+func ranged(s stat, runs int) string {
+	if runs < 2 {
+		return fmt.Sprintf("**%.2f**", s.med)
+	}
+	return fmt.Sprintf("**%.2f** (%.2f–%.2f)", s.med, s.lo, s.hi)
+}
+
+func writeComparisons(w io.Writer, c comparisons) {
+	if len(c.floors) > 0 {
+		fmt.Fprintln(w, "\nDo against a raw floor of the same round trips on the same server and pool (BenchmarkXxxFloor; ratio = floor time ÷ Do time, median of the runs and their range; target 0.9):")
+		fmt.Fprintln(w, "\n| backend | workload | callers | Do | floor | ratio | round trips/op |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|")
+		for _, f := range c.floors {
+			fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %.2f |\n",
+				f.backend, f.workload, f.callers, ms(f.do.med), ms(f.raw.med), ranged(f.ratio, f.runs), f.trips)
+		}
+	}
+	if len(c.scales) > 0 {
+		fmt.Fprintln(w, "\nDo on a store already holding live records against an empty one, alternating (BenchmarkXxxScale; ratio = empty time ÷ loaded time; target 0.8):")
+		fmt.Fprintln(w, "\n| backend | records | workload | callers | Do, loaded | Do, empty | ratio | bytes/record |")
+		fmt.Fprintln(w, "|---|--:|---|--:|--:|--:|--:|--:|")
+		for _, s := range c.scales {
+			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %.0f |\n",
+				s.backend, s.records, s.workload, s.callers, ms(s.do.med), ms(s.empty.med), ranged(s.ratio, s.runs), s.bytesPerRecord)
+		}
+	}
+	if len(c.sweeps) > 0 {
+		fmt.Fprintln(w, "\nClaims beside a sweep of expired records (p99 claim latency before and during the sweep; target: ratio at most 2):")
+		fmt.Fprintln(w, "\n| backend | expired rows | callers | sweep | claim p99 before | during | ratio |")
+		fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|")
+		for _, s := range c.sweeps {
+			fmt.Fprintf(w, "| %s | %s | %d | %.1f s | %.2f ms | %.2f ms | %s |\n",
+				s.backend, s.rows, s.callers, s.seconds.med, s.base.med, s.during.med, ranged(s.r, s.runs))
+		}
+	}
+}

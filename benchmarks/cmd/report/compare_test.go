@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sampleBench is go test -bench output with two runs of each comparison,
+// including a Redis floor and a Redis Cluster scale run, which no file of
+// benchmarks/ defines here: the report finds them by name alone.
+const sampleBench = `goos: linux
+BenchmarkPostgresFloor/op=fresh/callers=1-2         	    1000	    400000 ns/op	         0.8000 ratio	    320000 raw-ns/op	         2.000 roundtrips/op
+BenchmarkPostgresFloor/op=fresh/callers=1-2         	    1000	    380000 ns/op	         0.9000 ratio	    342000 raw-ns/op	         2.000 roundtrips/op
+BenchmarkRedisFloor/op=replay/callers=16-2          	    3000	     50000 ns/op	         0.9500 ratio	     47500 raw-ns/op	         1.000 roundtrips/op
+BenchmarkRedisFloor/op=replay/callers=16-2          	    3000	     60000 ns/op	         0.8500 ratio	     51000 raw-ns/op	         1.000 roundtrips/op
+BenchmarkPostgresScale/records=1e6/op=fresh/callers=16-2   	 3000	 200000 ns/op	 560.0 bytes/record	 180000 empty-ns/op	 0.9000 ratio	 2.000 roundtrips/op
+BenchmarkRedisClusterScale/records=1e5/op=replay/callers=16-2   	 3000	 60000 ns/op	 300.0 bytes/record	 57000 empty-ns/op	 0.9500 ratio	 1.000 roundtrips/op
+BenchmarkPostgresScale/sweep=1e6/callers=16-2   	       1	 41000000000 ns/op	 3.000 p99-base-ms	 4.500 p99-sweep-ms	 1.500 p99-ratio	 1000001 swept
+--- BENCH: BenchmarkPostgresScale/records=1e6/op=fresh/callers=16-2
+    postgres_scale_test.go:123: preloaded 1000001 records
+PASS
+`
+
+func TestComparisons(t *testing.T) {
+	names, runs, err := parseBench(strings.NewReader(sampleBench))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := collect(names, runs)
+	if len(c.floors) != 2 || len(c.scales) != 2 || len(c.sweeps) != 1 {
+		t.Fatalf("found %d floors, %d scales, %d sweeps, want 2, 2, 1", len(c.floors), len(c.scales), len(c.sweeps))
+	}
+	if f := c.floors[0]; f.backend != "postgres" || f.runs != 2 || math.Abs(f.ratio.med-0.85) > 1e-9 || f.ratio.lo != 0.8 || f.ratio.hi != 0.9 || f.do.med != 390000 {
+		t.Errorf("postgres floor: %+v", f)
+	}
+	var b bytes.Buffer
+	writeComparisons(&b, c)
+	out := b.String()
+	for _, want := range []string{
+		"| postgres | fresh | 1 | 390 µs | 331 µs | **0.85** (0.80–0.90) | 2.00 |",
+		"| redis | replay | 16 | 55 µs | 49 µs | **0.90** (0.85–0.95) | 1.00 |",
+		"| postgres | 1e6 | fresh | 16 | 200 µs | 180 µs | **0.90** | 560 |",
+		"| redis-cluster | 1e5 | replay | 16 |",
+		"| postgres | 1e6 | 16 | 41.0 s | 3.00 ms | 4.50 ms | **1.50** |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("comparison tables lack %q:\n%s", want, out)
+		}
+	}
+
+	svg := chart(testRows, c, environment(time.Second, 2))
+	d := xml.NewDecoder(strings.NewReader(svg))
+	for {
+		_, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("chart is not well-formed XML: %v\n%s", err, svg)
+		}
+	}
+	for _, want := range []string{"postgres fresh, 1 caller(s): Do vs raw floor", "redis-cluster replay, 1e5 records: loaded vs empty", ">0.85<", "Ratios to a baseline"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("chart lacks %q", want)
+		}
+	}
+	if only := chart(nil, c, "env"); !strings.Contains(only, ">env<") || strings.Contains(only, "throughput by backend") {
+		t.Errorf("chart of comparisons alone: no environment line, or a throughput panel")
+	}
+}
+
+func TestBackendName(t *testing.T) {
+	for in, want := range map[string]string{"Postgres": "postgres", "RedisCluster": "redis-cluster", "Etcd": "etcd"} {
+		if got := backendName(in); got != want {
+			t.Errorf("backendName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,327 @@
+package benchmarks_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/benchmarks/internal/bench"
+)
+
+// ScaleVar, when set (to anything), adds 10⁷ records to the sizes of
+// BenchmarkPostgresScale. Preloading them takes minutes and about 5 GB:
+//
+//	IDEM_BENCH_SCALE_1E7=1 go test -run '^$' -bench 'PostgresScale/records=1e7' -benchtime 3000x -timeout 1h ./benchmarks/
+const scaleVar = "IDEM_BENCH_SCALE_1E7"
+
+// BenchmarkPostgresScale measures Do on a store table that already holds
+// 10³, 10⁵ or 10⁶ live (completed, unexpired) records, against Do on an
+// empty table in the same run: chunks of the two alternate from 16
+// goroutines on one pool of 16 connections. ns/op is the loaded table's,
+// empty-ns/op the empty one's, ratio empty ÷ loaded (the target is 0.8:
+// within 20%). fresh claims and completes new keys; replay replays
+// records chosen at random among the preloaded ones (on the empty table,
+// one completed key per goroutine). bytes/record is
+// pg_total_relation_size (heap, TOAST and every index) over the rows
+// after the preload and a VACUUM ANALYZE.
+//
+// The records are preloaded once per process, with one INSERT ... SELECT
+// over generate_series copying a record Do wrote, and dropped at exit:
+//
+//	go test -run '^$' -bench PostgresScale -count 5 -benchtime 3000x -timeout 30m ./benchmarks/
+//
+// records=1e7 runs too when IDEM_BENCH_SCALE_1E7 is set.
+//
+// sweep=1e6 measures claims from 16 goroutines beside Store.Sweep of 10⁶
+// expired rows (in batches of Options.SweepBatch, 1000): one operation is
+// the whole sweep, so run it with -benchtime 1x. It reports the claims'
+// p99 latency before the sweep (p99-base-ms, over as many claims as the
+// sweep saw), during it (p99-sweep-ms) and their ratio (p99-ratio, target
+// at most 2), and how many rows the sweep deleted (swept).
+//
+//	go test -run '^$' -bench 'PostgresScale/sweep' -count 5 -benchtime 1x -timeout 30m ./benchmarks/
+func BenchmarkPostgresScale(b *testing.B) {
+	sizes := []int{1e3, 1e5, 1e6}
+	if os.Getenv(scaleVar) != "" {
+		sizes = append(sizes, 1e7)
+	}
+	for _, n := range sizes {
+		for _, op := range []string{"fresh", "replay"} {
+			b.Run(fmt.Sprintf("records=%s/op=%s/callers=16", power(n), op), func(b *testing.B) {
+				postgresScale(b, n, op)
+			})
+		}
+	}
+	b.Run("sweep=1e6/callers=16", func(b *testing.B) { postgresSweep(b, 1e6) })
+}
+
+// power writes 10^k as 1ek.
+func power(n int) string {
+	k := 0
+	for ; n >= 10; n /= 10 {
+		k++
+	}
+	return fmt.Sprintf("1e%d", k)
+}
+
+// scaleScope is the scope of every Do in the scale benchmarks.
+var scaleScope = []string{"bench"}
+
+// loaded is a store table holding n preloaded records, kept for the
+// process.
+type loaded struct {
+	*pgPlace
+	n           int
+	bytesPerRec float64
+}
+
+var (
+	loadedMu     sync.Mutex
+	loadedTables = map[int]*loaded{}
+	// atExit undoes what the process-wide preloads created; TestMain runs
+	// it.
+	atExit []func()
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for i := len(atExit) - 1; i >= 0; i-- {
+		atExit[i]()
+	}
+	os.Exit(code)
+}
+
+// preloaded returns a table with n live completed records, keys
+// preload-1 … preload-n, preloading it on first use.
+func preloaded(b *testing.B, n int) *loaded {
+	loadedMu.Lock()
+	defer loadedMu.Unlock()
+	if l, ok := loadedTables[n]; ok {
+		return l
+	}
+	ctx := context.Background()
+	p, err := openPGPlace(ctx, func(f func()) { atExit = append(atExit, f) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := preload(ctx, p, n, "expires_at"); err != nil {
+		b.Fatal(err)
+	}
+	var size, rows int64
+	if err := p.pool.QueryRow(ctx, "SELECT pg_total_relation_size('"+p.table+"'), (SELECT count(*) FROM "+p.table+")").Scan(&size, &rows); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("preloaded %d records in %v: %d bytes, %.0f bytes/record", rows, time.Since(start).Round(time.Millisecond), size, float64(size)/float64(rows))
+	l := &loaded{pgPlace: p, n: n, bytesPerRec: float64(size) / float64(rows)}
+	loadedTables[n] = l
+	return l
+}
+
+// preload writes n copies of a record Do wrote (same fingerprint, token,
+// result sizes) under the keys preload-1 … preload-n, with expiresAt (an
+// SQL expression over the template row r) as their expiry, then VACUUM
+// ANALYZEs the table.
+func preload(ctx context.Context, p *pgPlace, n int, expiresAt string) error {
+	r, err := idempotency.New(p.store, idempotency.WithRetention(time.Hour))
+	if err != nil {
+		return err
+	}
+	fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
+	if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: scaleScope, Key: "preload-0"}, fn); err != nil {
+		return err
+	}
+	sk, err := r.StorageKey(idempotency.Request{Scope: scaleScope, Key: "preload-0"})
+	if err != nil {
+		return err
+	}
+	// A storage key is the scope's, then the key's length, a colon and
+	// the key: checked here for preload-0, built so in SQL for the others.
+	x, err := r.StorageKey(idempotency.Request{Scope: scaleScope, Key: "x"})
+	if err != nil {
+		return err
+	}
+	prefix, ok := strings.CutSuffix(x, "1:x")
+	if !ok || sk != prefix+"9:preload-0" {
+		return fmt.Errorf("storage keys %q, %q are not built as the preload assumes", x, sk)
+	}
+	seq := p.table[:len(p.table)-1] + `_fence_seq"`
+	_, err = p.pool.Exec(ctx, `INSERT INTO `+p.table+` (key, fingerprint, state, token, fence, attempt,
+		lease_until, grace, expires_at, checkpoints, result, created_at)
+	SELECT $1::text || length('preload-' || i) || ':preload-' || i, r.fingerprint, r.state, md5(i::text), nextval('`+seq+`'), r.attempt,
+		r.lease_until, r.grace, `+expiresAt+`, r.checkpoints, r.result, r.created_at
+	FROM `+p.table+` AS r, generate_series(1, $2::bigint) AS i
+	WHERE r.key = $3::text`, prefix, int64(n), sk)
+	if err != nil {
+		return fmt.Errorf("preloading %d records: %w", n, err)
+	}
+	_, err = p.pool.Exec(ctx, "VACUUM ANALYZE "+p.table)
+	return err
+}
+
+func postgresScale(b *testing.B, n int, op string) {
+	l := preloaded(b, n)
+	empty := newPGPlace(b)
+	ctx := context.Background()
+	fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
+	runner := func(p *pgPlace) *idempotency.Runner {
+		r, err := idempotency.New(p.store, idempotency.WithRetention(bench.Retention))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r
+	}
+	rl, re := runner(l.pgPlace), runner(empty)
+	run := bench.RandomHex(4)
+	do := func(r *idempotency.Runner, key string) error {
+		res, err := idempotency.Do(ctx, r, idempotency.Request{Scope: scaleScope, Key: key}, fn)
+		if err == nil && res.Replayed != (op == "replay") {
+			err = fmt.Errorf("Do of %s: replayed %v in the %s workload", key, res.Replayed, op)
+		}
+		return err
+	}
+	bench.Warm(16, func(g int) error {
+		if err := do(rl, fmt.Sprintf("warm-%s-%d", run, g)); err != nil && op == "fresh" {
+			return err
+		}
+		_, err := idempotency.Do(ctx, re, idempotency.Request{Scope: scaleScope, Key: fmt.Sprintf("hot-%d", g)}, fn)
+		return err
+	}, b.Fatal)
+	bench.Compare(b, 16, &l.trips, "empty",
+		func(g, i int) error {
+			if op == "replay" {
+				return do(rl, fmt.Sprintf("preload-%d", 1+rand.IntN(l.n)))
+			}
+			return do(rl, fmt.Sprintf("k-%s-%d", run, i))
+		},
+		func(g, i int) error {
+			if op == "replay" {
+				return do(re, fmt.Sprintf("hot-%d", g))
+			}
+			return do(re, fmt.Sprintf("k-%s-%d", run, i))
+		})
+	b.ReportMetric(l.bytesPerRec, "bytes/record")
+}
+
+// timedClaims records the latency of every Claim of the store it wraps.
+type timedClaims struct {
+	idempotency.Store
+	mu    sync.Mutex
+	times []time.Duration
+}
+
+func (t *timedClaims) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	start := time.Now()
+	res, err := t.Store.Claim(ctx, r)
+	d := time.Since(start)
+	t.mu.Lock()
+	t.times = append(t.times, d)
+	t.mu.Unlock()
+	return res, err
+}
+
+// take returns the latencies recorded since the last take.
+func (t *timedClaims) take() []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.times
+	t.times = nil
+	return d
+}
+
+func p99(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[(len(d)*99)/100]
+}
+
+func postgresSweep(b *testing.B, n int) {
+	ctx := context.Background()
+	for range b.N {
+		b.StopTimer()
+		p := newPGPlace(b)
+		if err := preload(ctx, p, n, "clock_timestamp() - interval '1 hour'"); err != nil {
+			b.Fatal(err)
+		}
+		tc := &timedClaims{Store: p.store}
+		r, err := idempotency.New(tc, idempotency.WithRetention(bench.Retention))
+		if err != nil {
+			b.Fatal(err)
+		}
+		fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
+		run := bench.RandomHex(4)
+		var next atomic.Int64
+		var failed atomic.Pointer[error]
+		// claim runs fresh Do calls from 16 goroutines until stop closes.
+		claim := func(stop <-chan struct{}) {
+			var wg sync.WaitGroup
+			for range 16 {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						key := fmt.Sprintf("k-%s-%d", run, next.Add(1))
+						if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: scaleScope, Key: key}, fn); err != nil {
+							failed.CompareAndSwap(nil, &err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+		}
+		// Warm the connections, then the baseline: claims alone.
+		stop := make(chan struct{})
+		time.AfterFunc(500*time.Millisecond, func() { close(stop) })
+		claim(stop)
+		tc.take()
+		stop = make(chan struct{})
+		time.AfterFunc(3*time.Second, func() { close(stop) })
+		claim(stop)
+		base := tc.take()
+
+		b.StartTimer()
+		stop = make(chan struct{})
+		var swept int
+		var sweepErr error
+		sweepStart := time.Now()
+		var sweepTime time.Duration
+		go func() {
+			swept, sweepErr = p.store.Sweep(ctx, 0)
+			sweepTime = time.Since(sweepStart)
+			close(stop)
+		}()
+		claim(stop)
+		b.StopTimer()
+		during := tc.take()
+		if e := failed.Load(); e != nil {
+			b.Fatal(*e)
+		}
+		if sweepErr != nil {
+			b.Fatal(sweepErr)
+		}
+		if swept < n {
+			b.Fatalf("the sweep deleted %d rows, want at least %d", swept, n)
+		}
+		pb, pd := p99(base), p99(during)
+		b.ReportMetric(float64(pb)/1e6, "p99-base-ms")
+		b.ReportMetric(float64(pd)/1e6, "p99-sweep-ms")
+		b.ReportMetric(float64(pd)/float64(pb), "p99-ratio")
+		b.ReportMetric(float64(swept), "swept")
+		b.ReportMetric(float64(len(during))/sweepTime.Seconds(), "claims/s")
+		b.ReportMetric(float64(len(base))/3, "base-claims/s")
+	}
+}

@@ -1,0 +1,139 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/store/postgres"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestReplayTakesNoLock: a replay of a completed record, a mismatch
+// against it and a claim of a record in progress under another holder
+// are answered while another transaction holds the row locked FOR UPDATE
+// (a claim that locked the row would wait for it), and leave the row's
+// version and lock word (xmin, xmax) as they were: they wrote nothing.
+// Many replays at once all see the stored result.
+func TestReplayTakesNoLock(t *testing.T) {
+	pool := testPool(t, pgx.QueryExecModeCacheStatement)
+	table := "nolock_" + randomHex(4)
+	s := newStore(t, pool, &postgres.Options{Table: table})
+	ctx := t.Context()
+	qualified := pgx.Identifier{testSchema, table}.Sanitize()
+
+	claim := func(ctx context.Context, key, fp string, tok idempotency.Token) (idempotency.ClaimResult, error) {
+		return s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: idempotency.Fingerprint(fp), Token: tok, Lease: time.Minute, Grace: time.Minute})
+	}
+	if res, err := claim(ctx, "done", "fp", "t1"); err != nil || res.Outcome != idempotency.OutcomeAcquired {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	if err := s.Complete(ctx, "done", "t1", []byte("result"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := claim(ctx, "busy", "fp", "t2"); err != nil || res.Outcome != idempotency.OutcomeAcquired {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	version := func(key string) string {
+		t.Helper()
+		var v string
+		if err := pool.QueryRow(ctx, "SELECT xmin::text || '/' || xmax::text FROM "+qualified+" WHERE key = $1", key).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// Hold both rows locked in a transaction of our own.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "SELECT FROM "+qualified+" WHERE key IN ('done', 'busy') FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+
+	cases := []struct {
+		key, fp string
+		tok     idempotency.Token
+		want    idempotency.Outcome
+	}{
+		{"done", "fp", "t3", idempotency.OutcomeReplay},
+		{"done", "other", "t4", idempotency.OutcomeMismatch},
+		{"busy", "fp", "t5", idempotency.OutcomeInProgress},
+		{"busy", "other", "t6", idempotency.OutcomeMismatch},
+	}
+	run := func(what string) {
+		t.Helper()
+		for _, c := range cases {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			res, err := claim(cctx, c.key, c.fp, c.tok)
+			cancel()
+			if err != nil || res.Outcome != c.want {
+				t.Fatalf("claim of %s (fingerprint %s) %s: %v, %v; want %v", c.key, c.fp, what, res.Outcome, err, c.want)
+			}
+			if c.want == idempotency.OutcomeReplay && string(res.Result) != "result" {
+				t.Errorf("replay of %s: result %q", c.key, res.Result)
+			}
+		}
+	}
+	run("beside a row lock (a claim taking the lock would wait for it)")
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Our lock left its transaction in xmax; the claims must not change it.
+	before := map[string]string{"done": version("done"), "busy": version("busy")}
+	run("after the lock")
+	for key, v := range before {
+		if got := version(key); got != v {
+			t.Errorf("row %s: xmin/xmax %s after the claims, %s before: they wrote or locked it", key, got, v)
+		}
+	}
+
+	// 32 replays at once: all replay the stored result.
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for g := range 32 {
+		wg.Go(func() {
+			res, err := claim(ctx, "done", "fp", idempotency.Token(fmt.Sprintf("r%d", g)))
+			if err == nil && (res.Outcome != idempotency.OutcomeReplay || string(res.Result) != "result") {
+				err = fmt.Errorf("replay %d: %v %q", g, res.Outcome, res.Result)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if got := version("done"); got != before["done"] {
+		t.Errorf("row done: xmin/xmax %s after 32 concurrent replays, %s before", got, before["done"])
+	}
+}
+
+// TestExpiredCompletedDoesNotReplay: once its retention has ended by the
+// server's clock, a completed record is not replayed from the plain read
+// but claimed afresh, with a greater fence.
+func TestExpiredCompletedDoesNotReplay(t *testing.T) {
+	pool := testPool(t, pgx.QueryExecModeCacheStatement)
+	s := newStore(t, pool, nil)
+	ctx := t.Context()
+	first, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "fp", Token: "t1", Lease: time.Minute, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, "k", "t1", []byte("old"), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "fp", Token: "t2", Lease: time.Minute, Grace: time.Minute})
+	if err != nil || res.Outcome != idempotency.OutcomeAcquired || res.Fence <= first.Fence || res.Attempt != 1 || len(res.Result) != 0 {
+		t.Fatalf("claim after the retention ended: %+v, %v; want acquired afresh with a fence above %d", res, err, first.Fence)
+	}
+}
