@@ -343,7 +343,7 @@ type netKeyState struct {
 func netTrial(t *testing.T, tr chaos.Trial, m netMode, px *srvProxy, work *atomic.Int64, tally *chaos.Tally, run string) {
 	kind := chaos.Pick(tr, netFaults...)
 	toxic := netToxic(tr, kind)
-	delay := tr.Between(0, 150*time.Millisecond)                 // after the calls start
+	delay := tr.Between(0, 150*time.Millisecond)                      // after the calls start
 	length := tr.Between(100*time.Millisecond, 1200*time.Millisecond) // how long the fault lasts
 	work.Store(int64(tr.Between(0, 40*time.Millisecond)))
 	t.Logf("%s: %s %+v at +%v for %v, fn works %v", m.backend, kind, toxic, delay, length, time.Duration(work.Load()))
