@@ -124,8 +124,14 @@ func (g *netGateway) Stats() (resent, stale int) {
 // netRunner is a Runner on store with the trials' timing.
 func netRunner(tb testing.TB, store idempotency.Store) *idempotency.Runner {
 	tb.Helper()
+	return netRunnerWith(tb, store, netLease, netStoreTimeout)
+}
+
+// netRunnerWith is a Runner on store with the lease and store timeout.
+func netRunnerWith(tb testing.TB, store idempotency.Store, lease, storeTimeout time.Duration) *idempotency.Runner {
+	tb.Helper()
 	r, err := idempotency.New(store, idempotency.WithUnsafeShortDurations(),
-		idempotency.WithLease(netLease), idempotency.WithStoreTimeout(netStoreTimeout),
+		idempotency.WithLease(lease), idempotency.WithStoreTimeout(storeTimeout),
 		idempotency.WithRetention(time.Minute))
 	if err != nil {
 		tb.Fatal(err)
