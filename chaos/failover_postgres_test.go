@@ -48,7 +48,7 @@ func foPGConnect(t *testing.T, url string, syncCommit bool) *foPG {
 	if syncCommit {
 		sc = "on"
 	}
-	pool := netPool(t, url+"&synchronous_commit="+sc, "")
+	pool := netPool(t, url+"&synchronous_commit="+sc, nil)
 	s, err := idempg.New(pool, &idempg.Options{Table: foPGTable})
 	if err != nil {
 		t.Fatal(err)

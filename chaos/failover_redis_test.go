@@ -95,7 +95,7 @@ func foRedisTrial(t *testing.T, tr chaos.Trial, replicas int, tally *chaos.Tally
 	failAt := time.Now()
 	// A bound on the trial's own calls (promotion, inspection of every
 	// key): generous, for a loaded machine.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	switch kind {
 	case foKill:
