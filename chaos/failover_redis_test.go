@@ -115,7 +115,10 @@ func foRedisTrial(t *testing.T, tr chaos.Trial, replicas int, tally *chaos.Tally
 
 	// What the new primary lacks of what was acknowledged.
 	row := chaos.Row{Backend: backend, Fault: kind, Trials: 1, Faults: 1}
+	// The clock of unavailability stops while the test reads every key.
+	readAt := time.Now()
 	lostClaims, lostCompletions, ackedWrites = w.Lost(t, ctx, foInspect(newR))
+	failAt = failAt.Add(time.Since(readAt))
 	row.LostAcks = lostClaims + lostCompletions
 
 	// With Replicas: 1 the new primary needs a replica of its own before
@@ -131,7 +134,7 @@ func foRedisTrial(t *testing.T, tr chaos.Trial, replicas int, tally *chaos.Tally
 	// The clients, repointed, retry every key until it completes: a key
 	// whose claim was lost runs fn again at once, one whose completion was
 	// lost after its lease.
-	bound := netLease + 3*netStoreTimeout + 3*time.Second
+	bound := netLease + 3*netStoreTimeout + 10*time.Second
 	row.MaxUnavailable, row.DuplicateEffects = w.Recover(t, newR, failAt, bound, foRedisWorkers)
 	t.Logf("%d keys, %d acknowledged writes, lost: %d claims, %d completions; %d effects ran again", w.Keys(), ackedWrites, lostClaims, lostCompletions, row.DuplicateEffects)
 	tally.Add(row)
