@@ -12,9 +12,10 @@ import (
 	"time"
 )
 
-// consumerProgram uses the root module and every published adapter. The
-// adapters are only compiled (their stores must satisfy the contract and
-// offer New), so no server is needed; the memory store runs one call.
+// consumerProgram uses the root module and every other published module.
+// They are only compiled (a store adapter's Store must satisfy the
+// contract; every module must offer New), so no server is needed; the
+// memory store runs one call.
 var consumerProgram = template.Must(template.New("main.go").Parse(`package main
 
 import (
@@ -30,8 +31,10 @@ import (
 
 var (
 {{- range .}}
+{{- if .Store}}
 	_ idempotency.Store = (*{{.Name}}.Store)(nil)
-	_                   = {{.Name}}.New
+{{- end}}
+	_ = {{.Name}}.New
 {{- end}}
 )
 
@@ -127,7 +130,10 @@ func (c *consumer) check(mods []*goModule, version, goVersion string) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return err
 	}
-	type adapter struct{ Name, Path string }
+	type adapter struct {
+		Name, Path string
+		Store      bool // a store adapter, whose Store implements idempotency.Store
+	}
 	var adapters []adapter
 	var get []string
 	for _, m := range mods {
@@ -136,7 +142,7 @@ func (c *consumer) check(mods []*goModule, version, goVersion string) error {
 		}
 		get = append(get, m.Path+"@"+version)
 		if m.Dir != "." {
-			adapters = append(adapters, adapter{path.Base(m.Dir), m.Path})
+			adapters = append(adapters, adapter{path.Base(m.Dir), m.Path, strings.HasPrefix(m.Dir, "store/")})
 		}
 	}
 	var src bytes.Buffer

@@ -27,11 +27,11 @@ type goModule struct {
 	File      *modfile.File
 }
 
-// isPublished says which modules are released: the root and every store
-// adapter. The rest (examples, benchmarks, lincheck, tools) are never
-// tagged, so they may keep replace directives.
+// isPublished says which modules are released: the root, every store
+// adapter and the OpenTelemetry module. The rest (examples, benchmarks,
+// lincheck, tools) are never tagged, so they may keep replace directives.
 func isPublished(dir string) bool {
-	return dir == "." || strings.HasPrefix(dir, "store/")
+	return dir == "." || strings.HasPrefix(dir, "store/") || dir == "otelidem"
 }
 
 // tagName is the tag the go command looks for when it resolves the module
