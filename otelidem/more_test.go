@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/conformancetest"
 	"github.com/exactlyonce/idempotency/httpidem"
 	"github.com/exactlyonce/idempotency/otelidem"
 	"github.com/exactlyonce/idempotency/store/memory"
@@ -104,7 +105,7 @@ func TestHTTPRequestSpan(t *testing.T) {
 // attempt, its store calls are children, and fn's own spans too.
 func TestCallSpanAttributes(t *testing.T) {
 	h := newHarness(t, otelidem.Options{})
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := conformancetest.NewClock(time.Unix(1_700_000_000, 0))
 	mem := memory.New(&memory.Options{Now: clk.Now})
 	r, err := idempotency.New(h.o.Store(mem), idempotency.WithObserver(h.o))
 	if err != nil {

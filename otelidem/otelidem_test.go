@@ -5,11 +5,11 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/conformancetest"
 	"github.com/exactlyonce/idempotency/otelidem"
 	"github.com/exactlyonce/idempotency/store/memory"
 	"go.opentelemetry.io/otel/attribute"
@@ -137,24 +137,6 @@ func equalMaps[V comparable](t *testing.T, what string, got, want map[string]V) 
 	}
 }
 
-// clock is a manual clock for the memory store.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // down is a store that cannot be reached.
 type down struct{ idempotency.Store }
 
@@ -181,7 +163,7 @@ const (
 // the spans.
 func TestScriptedSequence(t *testing.T) {
 	h := newHarness(t, otelidem.Options{ScopeAttributes: []string{"", "http.route"}})
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := conformancetest.NewClock(time.Unix(1_700_000_000, 0))
 	mem := memory.New(&memory.Options{Now: clk.Now})
 	r, err := idempotency.New(h.o.Store(mem), idempotency.WithObserver(h.o), idempotency.WithMaxResultSize(64))
 	if err != nil {
