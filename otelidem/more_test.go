@@ -253,8 +253,8 @@ func TestOptions(t *testing.T) {
 	}
 }
 
-// TestMaxAttributeSets: past the bound, attribute sets are built per call
-// and still correct.
+// TestMaxAttributeSets: past the bound, calls are counted under
+// otel.metric.overflow=true, as the SDK's cardinality limit does.
 func TestMaxAttributeSets(t *testing.T) {
 	h := newHarness(t, otelidem.Options{ScopeAttributes: []string{"tenant"}, MaxAttributeSets: 1})
 	r, err := idempotency.New(memory.New(nil), idempotency.WithObserver(h.o))
@@ -270,7 +270,13 @@ func TestMaxAttributeSets(t *testing.T) {
 		return "idempotency.outcome=" + o + ",idempotency.scope.class=scoped,tenant=" + tenant
 	}
 	equalMaps(t, otelidem.MetricCalls, h.sums(otelidem.MetricCalls, "{call}", true), map[string]int64{
-		oc("t1", "acquired"): 1, oc("t2", "acquired"): 1, oc("t3", "acquired"): 1, oc("t2", "replayed"): 1,
+		oc("t1", "acquired"): 1,
+		"idempotency.outcome=acquired,otel.metric.overflow=true": 2,
+		"idempotency.outcome=replayed,otel.metric.overflow=true": 1,
+	})
+	equalMaps(t, otelidem.MetricActiveLeases, h.sums(otelidem.MetricActiveLeases, "{lease}", false), map[string]int64{
+		"idempotency.scope.class=scoped,tenant=t1": 0,
+		"otel.metric.overflow=true":                0,
 	})
 }
 

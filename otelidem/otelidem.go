@@ -20,11 +20,17 @@
 // Names and units follow the OpenTelemetry semantic conventions (dotted
 // lower-case names, UCUM units, durations in seconds):
 //
-//	name                                  instrument          unit      attributes
-//	idempotency.calls                     Int64Counter        {call}    idempotency.outcome, common
-//	idempotency.fn.duration               Float64Histogram    s         idempotency.outcome, common
-//	idempotency.store.operation.duration  Float64Histogram    s         idempotency.store.operation, error.type (on failure)
-//	idempotency.leases.active             Int64UpDownCounter  {lease}   common
+//	name                                  instrument                     unit     attributes
+//	idempotency.calls                     Int64ObservableCounter         {call}   idempotency.outcome, common
+//	idempotency.fn.duration               Float64Histogram               s        idempotency.outcome, common
+//	idempotency.store.operation.duration  Float64Histogram               s        idempotency.store.operation, error.type (on failure)
+//	idempotency.leases.active             Int64ObservableUpDownCounter   {lease}  common
+//
+// The two counters are kept in atomic counts and reported when the
+// reader collects (asynchronous instruments), so a call costs an atomic
+// add there instead of the SDK's synchronous path; to the exporter they
+// are cumulative sums like any other. A combination of common attributes
+// reports its lease count from its first lease on, zero included.
 //
 // The outcomes (attribute idempotency.outcome) are the constants
 // [OutcomeAcquired] to [OutcomeStoreError]. The common attributes are
@@ -271,9 +277,10 @@ type Options struct {
 	ScopeAttributes []string
 
 	// MaxAttributeSets bounds how many distinct combinations of the
-	// common attributes are kept ready for reuse (each saves some
-	// allocations per call); combinations beyond it are built per call.
-	// Default: [DefaultMaxAttributeSets].
+	// common attributes are kept, as the SDK's cardinality limit does:
+	// calls of further combinations are recorded with the single attribute
+	// otel.metric.overflow=true (and the outcome) instead, and their spans
+	// carry that attribute. Default: [DefaultMaxAttributeSets].
 	MaxAttributeSets int
 }
 
@@ -284,17 +291,21 @@ type Observer struct {
 	opts   Options
 	tracer trace.Tracer // nil: tracing is off
 
-	calls        metric.Int64Counter
+	// The counters are observed from the atomic counts of each attrs at
+	// collection, which costs a call an atomic add instead of the SDK's
+	// synchronous path.
+	calls        metric.Int64ObservableCounter
 	fnDuration   metric.Float64Histogram
 	storeLatency metric.Float64Histogram
-	leases       metric.Int64UpDownCounter
+	leases       metric.Int64ObservableUpDownCounter
 
 	// storeOpts[op][errorType] are the options of a store call's latency.
 	storeOpts [numStoreOps][numErrorTypes][]metric.RecordOption
 
-	mu      sync.RWMutex
-	sets    map[setKey]*attrs
-	maxSets int
+	mu       sync.RWMutex
+	sets     map[setKey]*attrs
+	maxSets  int
+	overflow *attrs // for the combinations past maxSets
 }
 
 var _ idempotency.CallObserver = (*Observer)(nil)
@@ -338,7 +349,7 @@ func New(opts *Options) (*Observer, error) {
 	}
 	meter := mp.Meter(ScopeName)
 	var err error
-	if o.calls, err = meter.Int64Counter(MetricCalls, metric.WithUnit("{call}"),
+	if o.calls, err = meter.Int64ObservableCounter(MetricCalls, metric.WithUnit("{call}"),
 		metric.WithDescription("Calls of idempotency.Do, by how they ended.")); err != nil {
 		return nil, err
 	}
@@ -352,7 +363,7 @@ func New(opts *Options) (*Observer, error) {
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
-	if o.leases, err = meter.Int64UpDownCounter(MetricActiveLeases, metric.WithUnit("{lease}"),
+	if o.leases, err = meter.Int64ObservableUpDownCounter(MetricActiveLeases, metric.WithUnit("{lease}"),
 		metric.WithDescription("Leases held by calls of idempotency.Do whose function runs.")); err != nil {
 		return nil, err
 	}
@@ -367,7 +378,32 @@ func New(opts *Options) (*Observer, error) {
 	}
 	o.sets = make(map[setKey]*attrs)
 	o.maxSets = o.opts.MaxAttributeSets
+	o.overflow = newAttrs([]attribute.KeyValue{attribute.Bool("otel.metric.overflow", true)})
+	if _, err := meter.RegisterCallback(o.observe, o.calls, o.leases); err != nil {
+		return nil, err
+	}
 	return &o, nil
+}
+
+// observe reports the counts of every combination of attributes.
+func (o *Observer) observe(_ context.Context, obs metric.Observer) error {
+	report := func(a *attrs) {
+		for oc := range numOutcomes {
+			if n := a.counts[oc].Load(); n > 0 {
+				obs.ObserveInt64(o.calls, n, a.observe[oc])
+			}
+		}
+		if a.leased.Load() {
+			obs.ObserveInt64(o.leases, a.leases.Load(), a.base)
+		}
+	}
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	for _, a := range o.sets {
+		report(a)
+	}
+	report(o.overflow)
+	return nil
 }
 
 // durationBuckets suit both store calls (from a fraction of a millisecond
@@ -381,13 +417,17 @@ type setKey struct {
 }
 
 // attrs are the ready-made options of one combination of the common
-// attributes.
+// attributes, and its counts.
 type attrs struct {
-	common []attribute.KeyValue // for spans
-	start  []trace.SpanStartOption
-	base   []metric.AddOption // the common attributes alone
-	add    [numOutcomes][]metric.AddOption
-	record [numOutcomes][]metric.RecordOption
+	common  []attribute.KeyValue // for spans
+	start   []trace.SpanStartOption
+	base    metric.ObserveOption // the common attributes alone
+	observe [numOutcomes]metric.ObserveOption
+	record  [numOutcomes][]metric.RecordOption
+
+	counts [numOutcomes]atomic.Int64 // calls by outcome
+	leases atomic.Int64              // leases held
+	leased atomic.Bool               // a lease was ever held: report the count
 }
 
 // attrsFor returns the attributes of a call with this context and scope.
@@ -416,33 +456,41 @@ func (o *Observer) attrsFor(ctx context.Context, scope []string) *attrs {
 	if a != nil {
 		return a
 	}
-	a = o.newAttrs(k)
 	o.mu.Lock()
-	if b := o.sets[k]; b != nil {
-		a = b
-	} else if len(o.sets) < o.maxSets {
-		o.sets[k] = a
+	defer o.mu.Unlock()
+	if a = o.sets[k]; a != nil {
+		return a
 	}
-	o.mu.Unlock()
+	if len(o.sets) >= o.maxSets {
+		return o.overflow
+	}
+	a = newAttrs(o.commonOf(k))
+	o.sets[k] = a
 	return a
 }
 
-func (o *Observer) newAttrs(k setKey) *attrs {
-	a := &attrs{common: []attribute.KeyValue{AttrScopeClass.String(k.class)}}
+// commonOf returns the common attributes of a combination.
+func (o *Observer) commonOf(k setKey) []attribute.KeyValue {
+	common := []attribute.KeyValue{AttrScopeClass.String(k.class)}
 	if k.operation != "" {
-		a.common = append(a.common, AttrOperation.String(k.operation))
+		common = append(common, AttrOperation.String(k.operation))
 	}
 	for i, name := range o.opts.ScopeAttributes {
 		if name != "" && k.parts[i] != "" {
-			a.common = append(a.common, attribute.String(name, k.parts[i]))
+			common = append(common, attribute.String(name, k.parts[i]))
 		}
 	}
-	a.start = []trace.SpanStartOption{trace.WithAttributes(a.common...)}
-	a.base = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(a.common...))}
+	return common
+}
+
+func newAttrs(common []attribute.KeyValue) *attrs {
+	a := &attrs{common: common}
+	a.start = []trace.SpanStartOption{trace.WithAttributes(common...)}
+	a.base = metric.WithAttributeSet(attribute.NewSet(common...))
 	for oc := range numOutcomes {
-		kv := append(append([]attribute.KeyValue(nil), a.common...), AttrOutcome.String(oc.String()))
+		kv := append(append([]attribute.KeyValue(nil), common...), AttrOutcome.String(oc.String()))
 		opt := metric.WithAttributeSet(attribute.NewSet(kv...))
-		a.add[oc] = []metric.AddOption{opt}
+		a.observe[oc] = opt
 		a.record[oc] = []metric.RecordOption{opt}
 	}
 	return a
@@ -499,12 +547,12 @@ func (o *Observer) EndCall(ctx context.Context, s idempotency.Call) {
 		return // not a context StartCall returned
 	}
 	oc := CallOutcome(s)
-	o.calls.Add(c, 1, c.attrs.add[oc]...)
+	c.attrs.counts[oc].Add(1)
 	if s.Ran {
 		o.fnDuration.Record(c, s.FnDuration.Seconds(), c.attrs.record[oc]...)
 	}
 	if c.holding.Swap(false) {
-		o.leases.Add(c, -1, c.attrs.base...)
+		c.attrs.leases.Add(-1)
 	}
 	if c.parent != nil {
 		c.parent.SetAttributes(AttrOutcome.String(oc.String()), AttrReplayed.Bool(s.Replayed))
@@ -547,18 +595,19 @@ func (o *Observer) Observe(ctx context.Context, e idempotency.Event) {
 	if !ok {
 		return
 	}
-	o.calls.Add(ctx, 1, o.attrsFor(ctx, e.Scope).add[oc]...)
+	o.attrsFor(ctx, e.Scope).counts[oc].Add(1)
 }
 
 func (o *Observer) observeInCall(c *call, e idempotency.Event) {
 	switch e.Kind {
 	case idempotency.EventAcquired:
 		if !c.holding.Swap(true) {
-			o.leases.Add(c, 1, c.attrs.base...)
+			c.attrs.leased.Store(true)
+			c.attrs.leases.Add(1)
 		}
 	case idempotency.EventLeaseLost:
 		if c.holding.Swap(false) {
-			o.leases.Add(c, -1, c.attrs.base...)
+			c.attrs.leases.Add(-1)
 		}
 		if c.span != nil {
 			c.span.AddEvent("idempotency.lease_lost", trace.WithAttributes(attribute.String("exception.message", errText(e.Err))))
