@@ -162,11 +162,10 @@ type Call struct {
 	Fence    int64
 	Attempt  int
 	// Ran reports that fn was called in this call; FnDuration is then how
-	// long it ran.
+	// long it ran. (The call's own duration is the observer's to measure,
+	// from StartCall to EndCall: a clock reading costs every call.)
 	Ran        bool
 	FnDuration time.Duration
-	// Duration is the whole call's.
-	Duration time.Duration
 	// Err is the error Do returned, or [ErrFnPanicked] when fn panicked
 	// (the panic goes on after EndCall).
 	Err error
@@ -179,13 +178,11 @@ var ErrFnPanicked = errors.New("idempotency: fn panicked")
 // the call with StartCall and EndCall and times fn.
 func doCall[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (res Result[T], err error) {
 	co := r.cfg.calls
-	start := time.Now()
 	ctx = co.StartCall(ctx, req.Scope)
 	c := Call{Scope: req.Scope, Err: ErrFnPanicked}
 	defer func() {
 		// Also when fn panics: c.Err is then still ErrFnPanicked.
 		c.Replayed, c.Fence, c.Attempt = res.Replayed, res.Fence, res.Attempt
-		c.Duration = time.Since(start)
 		co.EndCall(ctx, c)
 	}()
 	res, err = do(ctx, r, req, func(ctx context.Context) (T, error) {
