@@ -165,6 +165,13 @@ func (r *Runner) StorageKey(req Request) (string, error) {
 // wrapping [ErrInvalidArgument] or [ErrInvalidKey] before the store is
 // touched.
 func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (Result[T], error) {
+	if r != nil && r.cfg.calls != nil && ctx != nil && fn != nil {
+		return doCall(ctx, r, req, fn) // observer.go
+	}
+	return do(ctx, r, req, fn)
+}
+
+func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (Result[T], error) {
 	var res Result[T]
 	if r == nil {
 		return res, invalidArg("nil runner")
@@ -177,6 +184,7 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 	}
 	key, err := r.StorageKey(req)
 	if err != nil {
+		r.observe(ctx, Event{Kind: EventInvalidKey, Scope: req.Scope, Err: err})
 		return res, err
 	}
 	claimReq := ClaimRequest{
@@ -214,9 +222,9 @@ func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
-			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
 			res.Replayed = true
 			res.Value, err = DecodeOutcome[T](r, cr.Result)
+			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took, Err: err})
 			return res, err
 		case OutcomeMismatch:
 			r.observe(ctx, Event{Kind: EventMismatch, Key: key, Scope: req.Scope, Duration: took})

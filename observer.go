@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -31,6 +32,10 @@ const (
 	EventStoreError
 	// EventPurged: an operator deleted the record ([Runner.Purge]).
 	EventPurged
+	// EventInvalidKey: [Do] refused the request's key or scope (or its
+	// fingerprint) before touching the store; Err says why. Key is empty:
+	// there is no valid storage key.
+	EventInvalidKey
 )
 
 var eventNames = [...]string{
@@ -43,6 +48,7 @@ var eventNames = [...]string{
 	EventCompleted:  "completed",
 	EventStoreError: "store_error",
 	EventPurged:     "purged",
+	EventInvalidKey: "invalid_key",
 }
 
 // String returns the event kind's name.
@@ -74,7 +80,9 @@ type Event struct {
 	// call took, retries included.
 	Duration time.Duration
 	// Err is the error involved, if any: the store's error, the fn error
-	// that caused a release, or the reason a result was not stored.
+	// that caused a release, the reason a result was not stored, why a
+	// key was refused, or, for EventReplayed, the error replayed (a
+	// [*StoredError] or [ErrResultNotStored]; nil for a replayed value).
 	Err error
 }
 
@@ -119,4 +127,70 @@ func (o slogObserver) Observe(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.Any("error", e.Err))
 	}
 	o.l.LogAttrs(ctx, level, "idempotency", attrs...)
+}
+
+// CallObserver is implemented by an [Observer] that also wants to see each
+// call of [Do] (and so of [Runner.Execute]) as a whole: to put a trace
+// span around it, or to count it once by its final outcome. [New] looks for
+// it once; a runner whose observer does not implement it, or that has no
+// observer, pays nothing for it.
+//
+// Other execution modes (an adapter's transactional [Executor], the
+// reconciler) report their events through Observe only.
+type CallObserver interface {
+	Observer
+	// StartCall is called when a call of Do begins, before its request is
+	// checked, with the caller's context. The context it returns stands in
+	// for ctx for the rest of the call: the store calls, fn, the Observe
+	// calls of the call's events and EndCall get it or a context derived
+	// from it, so it may carry a span or the observer's state of the call.
+	// It must return a context derived from ctx (or ctx itself).
+	StartCall(ctx context.Context, scope []string) context.Context
+	// EndCall is called once, when the call returns or fn panics, with the
+	// context StartCall returned.
+	EndCall(ctx context.Context, c Call)
+}
+
+// Call summarizes one call of [Do], for [CallObserver.EndCall].
+type Call struct {
+	// Scope is the request's scope parts, shared with the caller: do not
+	// modify it.
+	Scope []string
+	// Replayed, Fence and Attempt are those of the [Result] (Fence and
+	// Attempt are zero when no claim was decided).
+	Replayed bool
+	Fence    int64
+	Attempt  int
+	// Ran reports that fn was called in this call; FnDuration is then how
+	// long it ran. (The call's own duration is the observer's to measure,
+	// from StartCall to EndCall: a clock reading costs every call.)
+	Ran        bool
+	FnDuration time.Duration
+	// Err is the error Do returned, or [ErrFnPanicked] when fn panicked
+	// (the panic goes on after EndCall).
+	Err error
+}
+
+// ErrFnPanicked is the Err of a [Call] whose fn panicked.
+var ErrFnPanicked = errors.New("idempotency: fn panicked")
+
+// doCall is Do for a runner whose observer is a CallObserver: it brackets
+// the call with StartCall and EndCall and times fn.
+func doCall[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (res Result[T], err error) {
+	co := r.cfg.calls
+	ctx = co.StartCall(ctx, req.Scope)
+	c := Call{Scope: req.Scope, Err: ErrFnPanicked}
+	defer func() {
+		// Also when fn panics: c.Err is then still ErrFnPanicked.
+		c.Replayed, c.Fence, c.Attempt = res.Replayed, res.Fence, res.Attempt
+		co.EndCall(ctx, c)
+	}()
+	res, err = do(ctx, r, req, func(ctx context.Context) (T, error) {
+		c.Ran = true
+		fnStart := time.Now()
+		defer func() { c.FnDuration = time.Since(fnStart) }()
+		return fn(ctx)
+	})
+	c.Err = err
+	return res, err
 }

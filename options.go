@@ -51,6 +51,7 @@ type config struct {
 	wait                    time.Duration
 	codec                   Codec
 	observer                Observer
+	calls                   CallObserver // observer as a CallObserver, or nil
 	permanent               func(error) bool
 	maxKeyLen               int
 	maxResult               int
@@ -78,6 +79,7 @@ func defaultConfig() config {
 // store's limits, and fills in the defaults that depend on other options.
 // Every error names the option and the value it got.
 func (c *config) validate(limits Limits) error {
+	c.calls, _ = c.observer.(CallObserver)
 	if !c.graceSet {
 		c.grace = c.retention
 	}
@@ -181,7 +183,9 @@ func WithCodec(codec Codec) Option {
 	return optionFunc(func(c *config) { c.codec = codec })
 }
 
-// WithObserver sets an observer of every outcome. Default: none.
+// WithObserver sets an observer of every outcome. An observer that also
+// implements [CallObserver] sees each call of [Do] as a whole. Default:
+// none.
 func WithObserver(o Observer) Option {
 	return optionFunc(func(c *config) { c.observer = o })
 }

@@ -93,6 +93,7 @@ func doTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 	}
 	key, err := r.StorageKey(req)
 	if err != nil {
+		r.Observe(ctx, idempotency.Event{Kind: idempotency.EventInvalidKey, Scope: req.Scope, Err: err})
 		return res, false, err
 	}
 	cr := idempotency.ClaimRequest{
@@ -121,9 +122,9 @@ func doTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 	}
 	switch out.Outcome {
 	case idempotency.OutcomeReplay:
-		observe(idempotency.EventReplayed, nil)
 		res.Replayed = true
 		res.Value, err = idempotency.DecodeOutcome[T](r, out.Result)
+		observe(idempotency.EventReplayed, err) // as Do: the replayed error, if any
 		return res, false, err
 	case idempotency.OutcomeMismatch:
 		observe(idempotency.EventMismatch, nil)

@@ -28,10 +28,11 @@ type goModule struct {
 }
 
 // isPublished says which modules are released: the root, every store
-// adapter and the gRPC integration. The rest (examples, benchmarks,
-// lincheck, tools) are never tagged, so they may keep replace directives.
+// adapter, the gRPC integration and the OpenTelemetry module. The rest
+// (examples, benchmarks, lincheck, tools) are never tagged, so they may
+// keep replace directives.
 func isPublished(dir string) bool {
-	return dir == "." || strings.HasPrefix(dir, "store/") || dir == "grpcidem"
+	return dir == "." || strings.HasPrefix(dir, "store/") || dir == "grpcidem" || dir == "otelidem"
 }
 
 // tagName is the tag the go command looks for when it resolves the module
