@@ -473,8 +473,8 @@ func (r *Runner) attempt(ctx context.Context, f func(context.Context) error) err
 	if r.cfg.storeTimeout <= 0 {
 		return f(ctx)
 	}
-	actx, cancel := context.WithTimeout(ctx, r.cfg.storeTimeout)
-	defer cancel()
+	actx := withAttemptTimeout(ctx, r.cfg.storeTimeout)
+	defer actx.stop()
 	return f(actx)
 }
 
