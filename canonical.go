@@ -57,9 +57,9 @@ func (s *canonScanner) value(depth int) bool {
 	}
 	switch c := s.b[s.i]; {
 	case c == '{':
-		return depth < maxCanonicalDepth && s.object(depth + 1)
+		return depth < maxCanonicalDepth && s.object(depth+1)
 	case c == '[':
-		return depth < maxCanonicalDepth && s.array(depth + 1)
+		return depth < maxCanonicalDepth && s.array(depth+1)
 	case c == '"':
 		_, ok := s.str(false)
 		return ok
