@@ -171,9 +171,10 @@ func ParseStorageKey(encoded string) (scope []string, key string, err error) {
 }
 
 // DescribeResult tells what a stored result (RecordInfo.Result) holds:
-// kind "value" with the codec-encoded value, "error" with the
-// codec-encoded message of a permanent error, or "not_stored" for the
-// marker of a success whose result could not be kept.
+// kind "value" with the codec-encoded value, "bytes" with a []byte result
+// stored as it is (the default codec's form of []byte results since
+// v0.2.0), "error" with the codec-encoded message of a permanent error, or
+// "not_stored" for the marker of a success whose result could not be kept.
 func DescribeResult(stored []byte) (kind string, payload []byte, err error) {
 	k, p, err := decodeResult(stored)
 	if err != nil {
@@ -182,6 +183,8 @@ func DescribeResult(stored []byte) (kind string, payload []byte, err error) {
 	switch k {
 	case resultValue:
 		return "value", p, nil
+	case resultBytes:
+		return "bytes", p, nil
 	case resultError:
 		return "error", p, nil
 	}

@@ -6,70 +6,179 @@ import (
 	"time"
 )
 
-// boundedCtx is the context of the store calls made after fn returns: it
-// keeps the caller's values but not its cancellation (a Complete cut short
-// by a departed caller would leave the key to be taken over and fn run
-// again), and it ends at a deadline, so a store that hangs cannot hold the
-// call forever. It costs one allocation: the channel and timer of Done are
-// made only when a store asks for Done (the in-memory store only checks
-// Err), where context.WithTimeout would always cost four.
+// boundedCtx is a context with a deadline whose channel and timer are made
+// only when someone asks for Done. It serves two purposes:
+//
+//   - the context of the store calls made after fn returns
+//     ([newBoundedCtx]): it keeps the caller's values but not its
+//     cancellation (a Complete cut short by a departed caller would leave
+//     the key to be taken over and fn run again), and ends at a deadline,
+//     so a store that hangs cannot hold the call forever;
+//   - the context of one store attempt ([withAttemptTimeout]): the
+//     caller's context, or a boundedCtx, bounded by the store timeout.
+//
+// context.WithTimeout costs a timer, three allocations and, over a parent
+// of a type it does not know, a goroutine, on every store call. A store
+// that only checks Err (the in-memory store) makes none of that happen
+// here: Err follows the clock and the inherited cancellation. A store that
+// asks for Done (a network client) gets a channel closed at the deadline
+// or when the inherited context ends.
+//
+// One difference with the standard contexts: context.Cause of a
+// boundedCtx that ended by its own deadline is the cause of the context
+// it inherits from (nil while that one is live), since Cause looks for the
+// nearest context of the standard library's own type.
 type boundedCtx struct {
-	parent   context.Context // for values only
+	values   context.Context // for Value
+	cancel   context.Context // whose cancellation it inherits; nil for none
 	deadline time.Time
 
-	mu    sync.Mutex
-	done  chan struct{} // made by the first Done
-	timer *time.Timer
+	mu     sync.Mutex
+	done   chan struct{} // made by the first Done
+	err    error         // set once the context ended (or stop was called)
+	timer  *time.Timer
+	unwait func() bool // stops the context.AfterFunc on cancel
+	afters []*afterFunc
 }
 
+// afterFunc is a function registered by AfterFunc, the hook through which
+// the context package attaches children without a goroutine each.
+type afterFunc struct {
+	f       func()
+	removed bool
+}
+
+// newBoundedCtx returns a context with parent's values, not its
+// cancellation, that ends d from now.
 func newBoundedCtx(parent context.Context, d time.Duration) *boundedCtx {
-	return &boundedCtx{parent: parent, deadline: time.Now().Add(d)}
+	return &boundedCtx{values: parent, deadline: time.Now().Add(d)}
+}
+
+// withAttemptTimeout returns ctx bounded by d from now: it ends when ctx
+// does or at the deadline, whichever is first. Over a boundedCtx it makes
+// a flat copy with the earlier deadline rather than a chain.
+func withAttemptTimeout(ctx context.Context, d time.Duration) *boundedCtx {
+	deadline := time.Now().Add(d)
+	if p, ok := ctx.(*boundedCtx); ok {
+		if p.deadline.Before(deadline) {
+			deadline = p.deadline
+		}
+		c := &boundedCtx{values: p.values, cancel: p.cancel, deadline: deadline}
+		p.mu.Lock()
+		c.err = p.err // already ended: so is the copy
+		p.mu.Unlock()
+		return c
+	}
+	if pd, ok := ctx.Deadline(); ok && pd.Before(deadline) {
+		deadline = pd
+	}
+	c := &boundedCtx{values: ctx, deadline: deadline}
+	if ctx.Done() != nil {
+		c.cancel = ctx
+	}
+	return c
 }
 
 func (c *boundedCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
-func (c *boundedCtx) Value(key any) any { return c.parent.Value(key) }
+func (c *boundedCtx) Value(key any) any { return c.values.Value(key) }
 
 func (c *boundedCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done == nil {
-		c.done = make(chan struct{})
-		if d := time.Until(c.deadline); d <= 0 {
-			close(c.done)
-		} else {
-			done := c.done
-			c.timer = time.AfterFunc(d, func() { close(done) })
-		}
+	if c.done != nil {
+		return c.done
+	}
+	c.done = make(chan struct{})
+	if c.err == nil && c.cancel != nil {
+		c.err = c.cancel.Err()
+	}
+	if c.err == nil && time.Until(c.deadline) <= 0 {
+		c.err = context.DeadlineExceeded
+	}
+	if c.err != nil {
+		close(c.done)
+		return c.done
+	}
+	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+	if c.cancel != nil {
+		parent := c.cancel
+		c.unwait = context.AfterFunc(parent, func() { c.end(parent.Err()) })
 	}
 	return c.done
 }
 
 // Err is consistent with Done once Done has been asked for; before that,
-// nobody can observe Done, and the clock decides.
+// nobody can observe Done, and the inherited context and the clock decide.
 func (c *boundedCtx) Err() error {
 	c.mu.Lock()
-	done := c.done
+	err, made := c.err, c.done != nil
 	c.mu.Unlock()
-	if done != nil {
-		select {
-		case <-done:
-			return context.DeadlineExceeded
-		default:
-			return nil
+	if err != nil || made {
+		return err
+	}
+	if c.cancel != nil {
+		if err := c.cancel.Err(); err != nil {
+			return err
 		}
 	}
-	if time.Now().Before(c.deadline) {
-		return nil
+	// time.Until reads only the monotonic clock: half the cost of Now.
+	if time.Until(c.deadline) <= 0 {
+		return context.DeadlineExceeded
 	}
-	return context.DeadlineExceeded
+	return nil
 }
 
-// stop releases the timer, if Done made one.
-func (c *boundedCtx) stop() {
+// AfterFunc runs f in its own goroutine once the context ends, as
+// context.AfterFunc does. The context package uses it to attach a child
+// context without starting a goroutine to watch this one.
+func (c *boundedCtx) AfterFunc(f func()) (stop func() bool) {
+	c.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	a := &afterFunc{f: f}
+	c.afters = append(c.afters, a)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if a.removed {
+			return false
+		}
+		a.removed = true
+		return true
+	}
+}
+
+// end ends the context with err, once, and releases its timer and its
+// watch of the inherited context.
+func (c *boundedCtx) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		if c.done != nil {
+			close(c.done)
+		}
+		for _, a := range c.afters {
+			if !a.removed {
+				a.removed = true
+				go a.f()
+			}
+		}
+		c.afters = nil
+	}
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	if c.unwait != nil {
+		c.unwait()
+	}
 }
+
+// stop ends the context, as a CancelFunc does, releasing its timer, if
+// Done made one.
+func (c *boundedCtx) stop() { c.end(context.Canceled) }

@@ -51,3 +51,61 @@ func TestBoundedCtx(t *testing.T) {
 		t.Fatal("a child never saw the deadline")
 	}
 }
+
+func TestAttemptCtx(t *testing.T) {
+	// It ends with the caller's context, whether or not Done was asked
+	// for before.
+	for _, early := range []bool{false, true} {
+		parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+		c := withAttemptTimeout(parent, time.Minute)
+		var done <-chan struct{}
+		if early {
+			done = c.Done()
+		}
+		if c.Err() != nil || c.Value(ctxKey{}) != "v" {
+			t.Fatalf("early=%v: Err %v, value %v", early, c.Err(), c.Value(ctxKey{}))
+		}
+		cancel()
+		if early {
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Done never closed after the caller's cancellation")
+			}
+		}
+		if !errors.Is(c.Err(), context.Canceled) {
+			t.Fatalf("early=%v: Err after the caller's cancellation: %v", early, c.Err())
+		}
+		c.stop()
+	}
+
+	// Over a bounded context: the earlier deadline, and not the caller's
+	// cancellation, which the bounded context dropped.
+	parent, cancel := context.WithCancel(context.Background())
+	b := newBoundedCtx(parent, 30*time.Millisecond)
+	c := withAttemptTimeout(b, time.Minute)
+	cancel()
+	if d, _ := c.Deadline(); !d.Equal(b.deadline) || c.Err() != nil {
+		t.Fatalf("deadline %v (want %v), Err %v", d, b.deadline, c.Err())
+	}
+	child, ccancel := context.WithCancel(c)
+	defer ccancel()
+	select {
+	case <-child.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a child never saw the deadline")
+	}
+	if !errors.Is(c.Err(), context.DeadlineExceeded) {
+		t.Fatalf("Err after the deadline: %v", c.Err())
+	}
+	c.stop()
+	if !errors.Is(c.Err(), context.DeadlineExceeded) {
+		t.Fatalf("stop changed the error of an ended context: %v", c.Err())
+	}
+	// Once stopped, a context that had not ended is canceled.
+	s := withAttemptTimeout(context.Background(), time.Minute)
+	s.stop()
+	if !errors.Is(s.Err(), context.Canceled) {
+		t.Fatalf("Err after stop: %v", s.Err())
+	}
+}

@@ -46,6 +46,10 @@ func FingerprintJSON(v any) (Fingerprint, error) {
 		}
 		raw = b
 	}
+	if start, end, ok := canonicalSpan(raw); ok {
+		// Already canonical: what jcs.Transform would return.
+		return FingerprintBytes(raw[start:end]), nil
+	}
 	canon, err := jcs.Transform(raw)
 	if err != nil {
 		return "", fmt.Errorf("%w: fingerprint: not canonicalizable JSON: %w", ErrInvalidArgument, err)

@@ -27,6 +27,7 @@ type holder struct {
 	fence        int64
 	attempt      int
 	cancel       context.CancelCauseFunc
+	after        boundedCtx // the context of the store calls after fn
 
 	mu      sync.Mutex
 	points  map[string][]byte // recovery points: handed over, then made here

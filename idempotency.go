@@ -312,9 +312,10 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	// is canceled (a Complete cut short would leave the key to be taken
 	// over and fn run again; a Release lets a retry run at once), but not
 	// for longer than the lease could hold.
-	after := func() (context.Context, func()) {
-		c := newBoundedCtx(ctx, r.cfg.lease)
-		return c, c.stop
+	// The context lives in the holder: one allocation fewer.
+	after := func() *boundedCtx {
+		h.after = boundedCtx{values: ctx, deadline: time.Now().Add(r.cfg.lease)}
+		return &h.after
 	}
 
 	panicked := true
@@ -326,8 +327,8 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 		if h.leaveOnPanic {
 			return // the record's lease runs out; it is listed as stuck again
 		}
-		sctx, scancel := after()
-		defer scancel()
+		sctx := after()
+		defer sctx.stop()
 		h.release(sctx, start, errors.New("fn panicked"))
 	}()
 	v, fnErr := fn(fnCtx)
@@ -342,8 +343,8 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	}
 	lost := errors.Is(context.Cause(fnCtx), ErrLeaseLost)
 
-	sctx, scancel := after()
-	defer scancel()
+	sctx := after()
+	defer sctx.stop()
 
 	stored, keep, encErr := EncodeOutcome(r, v, fnErr)
 	if !keep {
@@ -408,6 +409,17 @@ func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool
 		}
 		return encodeResult(resultError, msg), true, nil
 	}
+	if isBytes[T]() && r.rawBytes() {
+		// Bytes as they are: no base64 inside JSON, a third smaller and
+		// no encoding. A nil slice goes through the codec, so that it
+		// replays as nil.
+		if b := any(v).([]byte); b != nil {
+			if len(b) > r.cfg.maxResult {
+				return []byte{resultNotStored}, true, fmt.Errorf("%w: result of %d bytes, limit %d", ErrTooLarge, len(b), r.cfg.maxResult)
+			}
+			return encodeResult(resultBytes, b), true, nil
+		}
+	}
 	payload, err := r.cfg.codec.Marshal(v)
 	switch {
 	case err != nil:
@@ -423,18 +435,52 @@ func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool
 // execution mode store it when the store refuses a result as too large.
 func NotStoredMarker() []byte { return []byte{resultNotStored} }
 
+// isBytes reports whether T is []byte.
+func isBytes[T any]() bool {
+	_, ok := any((*T)(nil)).(*[]byte)
+	return ok
+}
+
+// rawBytes reports whether []byte results are stored as they are rather
+// than through the codec: only with the default [JSONCodec], since a
+// codec of the caller's (encryption, redaction) must see every value.
+func (r *Runner) rawBytes() bool {
+	_, ok := r.cfg.codec.(JSONCodec)
+	return ok
+}
+
 // DecodeOutcome turns stored bytes made by [EncodeOutcome] back into the
 // value, or the error to replay: a [*StoredError] for a permanent error,
-// [ErrResultNotStored] for the marker. Bytes it cannot decode (written by
-// another version or codec, or damaged) give an error matching
-// [ErrCorrupt].
+// [ErrResultNotStored] for the marker. It decodes what every earlier
+// version stored; bytes it cannot decode (written by another codec, or
+// damaged) give an error matching [ErrCorrupt]. A []byte value may share
+// memory with stored.
 func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
-	var v T
 	kind, payload, err := decodeResult(stored)
+	if err == nil && kind == resultBytes && isBytes[T]() {
+		return any(payload).(T), nil // without the codec's allocations
+	}
+	return decodeOutcome[T](r, kind, payload, err)
+}
+
+func decodeOutcome[T any](r *Runner, kind byte, payload []byte, err error) (T, error) {
+	var v T
 	if err != nil {
 		return v, err
 	}
 	switch kind {
+	case resultBytes:
+		// Stored from a []byte, read as another type: decode what the
+		// codec would have stored.
+		enc, err := r.cfg.codec.Marshal(payload)
+		if err == nil {
+			err = r.cfg.codec.Unmarshal(enc, &v)
+		}
+		if err != nil {
+			var zero T
+			return zero, fmt.Errorf("%w: result: %w", ErrCorrupt, err)
+		}
+		return v, nil
 	case resultValue:
 		if err := r.cfg.codec.Unmarshal(payload, &v); err != nil {
 			var zero T // not what the codec left half done
@@ -489,8 +535,8 @@ func (r *Runner) attempt(ctx context.Context, f func(context.Context) error) err
 	if r.cfg.storeTimeout <= 0 {
 		return f(ctx)
 	}
-	actx, cancel := context.WithTimeout(ctx, r.cfg.storeTimeout)
-	defer cancel()
+	actx := withAttemptTimeout(ctx, r.cfg.storeTimeout)
+	defer actx.stop()
 	return f(actx)
 }
 

@@ -178,7 +178,9 @@ func WithWait(d time.Duration) Option {
 
 // WithCodec sets the codec of stored values, recovery points and stored
 // error messages: replace it to encrypt or redact what is stored.
-// Default: [JSONCodec].
+// Default: [JSONCodec], under which a non-nil []byte result (such as the
+// HTTP middleware's stored response) is stored as it is, not as base64
+// inside JSON; a codec of your own sees every value, []byte included.
 func WithCodec(codec Codec) Option {
 	return optionFunc(func(c *config) { c.codec = codec })
 }

@@ -56,6 +56,7 @@ const (
 	resultValue     byte = 'v' // codec-encoded value of fn's success
 	resultError     byte = 'e' // codec-encoded message of a permanent error
 	resultNotStored byte = 'x' // fn succeeded but its result could not be kept
+	resultBytes     byte = 'b' // a []byte success, as it is (default codec only)
 )
 
 var errCorruptResult = fmt.Errorf("%w: stored result of unknown kind", ErrCorrupt)
@@ -73,7 +74,7 @@ func decodeResult(b []byte) (byte, []byte, error) {
 		return 0, nil, errCorruptResult
 	}
 	switch b[0] {
-	case resultValue, resultError, resultNotStored:
+	case resultValue, resultError, resultNotStored, resultBytes:
 		return b[0], b[1:], nil
 	}
 	return 0, nil, errCorruptResult

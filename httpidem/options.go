@@ -22,9 +22,10 @@ const (
 	// (1 MiB); a larger one gets 413.
 	DefaultMaxBodySize = 1 << 20
 	// DefaultMaxResponseSize is the largest response body stored, in bytes
-	// (256 KiB). Mind the runner's [idempotency.WithMaxResultSize]: with
-	// the JSON codec a stored response takes about 4/3 of its body plus
-	// its headers.
+	// (256 KiB). Mind the runner's [idempotency.WithMaxResultSize]: a
+	// stored response takes its body plus its headers and a few bytes
+	// (about 4/3 of that with a codec of your own that encodes bytes as
+	// JSON does).
 	DefaultMaxResponseSize = 256 << 10
 	// DefaultMaxRetryAfter caps the Retry-After of a 409: the holder's
 	// remaining lease bounds a crash, not the usual run, which is much

@@ -2,7 +2,8 @@
 // implementation of the store contract, the store of the examples and of
 // unit tests, and a real store for a service that runs as one process.
 //
-// Records live in a map guarded by a mutex. Deadlines are judged by an
+// Records live in a map guarded by a mutex; replays of completed records
+// take it for reading only, so they run side by side. Deadlines are judged by an
 // injectable clock ([Options.Now]), so tests can move time forward instead
 // of sleeping. Expired records are invisible to every operation, and every
 // operation also deletes up to four expired records (the soonest expired
@@ -43,7 +44,8 @@ const sweepPerOp = 4
 type Options struct {
 	// Now is the store's clock, by which every lease and retention deadline
 	// is judged. Nil means time.Now. Tests pass a manual clock, such as
-	// conformancetest.Clock's Now method.
+	// conformancetest.Clock's Now method. It is called from concurrent
+	// replays, so it must be safe for concurrent use, as both are.
 	Now func() time.Time
 
 	// MaxValueSize is the largest result or checkpoint value the store
@@ -60,7 +62,7 @@ type Store struct {
 	now      func() time.Time
 	maxValue int // < 0: no limit
 
-	mu      sync.Mutex
+	mu      sync.RWMutex // read-locked by replays only
 	records map[string]*record
 	expiry  expiryHeap // every record of records, soonest expiry first
 	fence   int64      // last fence handed out, store-wide
@@ -128,6 +130,9 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		return idempotency.ClaimResult{}, invalid("grace %v is negative", r.Grace)
 	}
 
+	if res, ok := s.replay(r); ok {
+		return res, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -189,6 +194,28 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		}
 	}
 	return res, nil
+}
+
+// replay answers a claim of a live COMPLETED record with the same
+// fingerprint under the read lock, so that replays run side by side: such
+// a record does not change until it expires or is purged, which take the
+// write lock. Anything else is for Claim to decide under the write lock.
+// Replays skip the sweep: they create no record, so the sweeps of the
+// operations that do still outpace expiry.
+func (s *Store) replay(r idempotency.ClaimRequest) (idempotency.ClaimResult, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	rec := s.records[r.Key]
+	if rec == nil || rec.state != idempotency.StateCompleted || rec.fingerprint != r.Fingerprint ||
+		!s.now().Before(rec.expires) {
+		return idempotency.ClaimResult{}, false
+	}
+	return idempotency.ClaimResult{
+		Outcome: idempotency.OutcomeReplay,
+		Fence:   rec.fence,
+		Attempt: rec.attempt,
+		Result:  clone(rec.result),
+	}, true
 }
 
 // Renew extends the lease of the STARTED record held under token to lease

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -265,4 +267,56 @@ func Example() {
 	// in_progress for 10s
 	// replay charged
 	// acquired fence 2
+}
+
+// TestConcurrentReplays: replays under the read lock, beside claims,
+// completions and purges of other keys, all get the stored result.
+func TestConcurrentReplays(t *testing.T) {
+	ctx := context.Background()
+	s := memory.New(nil)
+	want := []byte("stored")
+	if _, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "f", Token: "t", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, "k", "t", want, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 64)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				if g%4 == 0 { // a writer of other keys
+					key := "w" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+					tok := idempotency.Token("t" + key)
+					if _, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "f", Token: tok, Lease: time.Minute}); err != nil {
+						errs <- err.Error()
+						return
+					}
+					if err := s.Complete(ctx, key, tok, []byte(key), time.Hour); err != nil {
+						errs <- err.Error()
+						return
+					}
+					s.Purge(ctx, key)
+					continue
+				}
+				res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "f", Token: idempotency.Token("r" + strconv.Itoa(i)), Lease: time.Minute})
+				if err != nil || res.Outcome != idempotency.OutcomeReplay || string(res.Result) != string(want) {
+					errs <- fmt.Sprintf("%+v, %v", res, err)
+					return
+				}
+				res.Result[0] = 'X' // the caller's copy
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if res, _ := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "other", Token: "x", Lease: time.Minute}); res.Outcome != idempotency.OutcomeMismatch {
+		t.Errorf("another fingerprint: %v, want mismatch", res.Outcome)
+	}
 }
