@@ -151,3 +151,29 @@ func TestParseStorageKey(t *testing.T) {
 		}
 	}
 }
+
+// inspectCounter counts the Inspect calls that reach the store.
+type inspectCounter struct {
+	*memory.Store
+	calls atomic.Int32
+}
+
+func (c *inspectCounter) Inspect(ctx context.Context, key string) (idempotency.RecordInfo, error) {
+	c.calls.Add(1)
+	return c.Store.Inspect(ctx, key)
+}
+
+// ErrNotFound is an answer, not a failure: it is never retried.
+func TestInspectNotFoundIsNotRetried(t *testing.T) {
+	s := &inspectCounter{Store: memory.New(nil)}
+	r, err := idempotency.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Inspect(context.Background(), req("absent"), false); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Inspect of an absent key: %v, want ErrNotFound", err)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Errorf("Inspect reached the store %d times for an absent key, want 1 (ErrNotFound retried)", n)
+	}
+}

@@ -550,7 +550,7 @@ func retryable(ctx context.Context, err error) bool {
 	}
 	return !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrTooLarge) &&
 		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrCorrupt) &&
-		!errors.Is(err, context.Canceled)
+		!errors.Is(err, ErrNotFound) && !errors.Is(err, context.Canceled)
 }
 
 func (r *Runner) observe(ctx context.Context, e Event) {
