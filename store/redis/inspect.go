@@ -60,7 +60,7 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, purgeScript, keys, false, s.notify)
+	v, _, err := s.run(ctx, purgeScript, keys, false, s.notify, s.fenceMemory)
 	if err != nil {
 		return s.wrap("purge", err)
 	}

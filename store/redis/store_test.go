@@ -71,6 +71,8 @@ func TestNewRejects(t *testing.T) {
 		{"ReplicaTimeout below 1ms", c, &idemredis.Options{Replicas: 1, ReplicaTimeout: time.Microsecond}},
 		{"Replicas on a client without one connection per node", wrapped{c}, &idemredis.Options{Replicas: 1}},
 		{"Notify on a client without SSubscribe", wrapped{c}, &idemredis.Options{Notify: true}},
+		{"negative FenceMemory", c, &idemredis.Options{FenceMemory: -time.Hour}},
+		{"FenceMemory below 1ms", c, &idemredis.Options{FenceMemory: time.Microsecond}},
 	}
 	for _, tc := range cases {
 		s, err := idemredis.New(tc.client, tc.opts)
