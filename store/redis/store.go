@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -486,42 +487,62 @@ func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// decodeClaim reads the claim script's reply.
+// decodeClaim reads the claim script's reply. A reply of another shape
+// (a server that is not Redis, a damaged script cache, a future version's
+// reply) is an error naming what was wrong, never a guess: a claim that
+// cannot be read must not be taken for an acquisition.
 func decodeClaim(v any) (idempotency.ClaimResult, error) {
+	bad := func(what string) (idempotency.ClaimResult, error) {
+		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply (%s): %.200v", what, v)
+	}
 	a, ok := v.([]any)
-	if !ok || len(a) < 3 {
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply %v", v)
+	if !ok || len(a) < 4 {
+		return bad("not an array of at least 4")
 	}
 	outcome, ok1 := a[0].(int64)
 	fence, ok2 := a[1].(int64)
 	attempt, ok3 := a[2].(int64)
 	if !ok1 || !ok2 || !ok3 {
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply %v", v)
+		return bad("outcome, fence and attempt not integers")
+	}
+	if fence <= 0 || attempt < 1 || attempt > math.MaxInt32 {
+		return bad("fence or attempt out of range")
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.Outcome(outcome), Fence: fence, Attempt: int(attempt)}
 	switch res.Outcome {
 	case idempotency.OutcomeAcquired:
+		if len(a)%2 != 0 {
+			return bad("a checkpoint without a value")
+		}
 		if len(a) > 4 {
 			res.Checkpoints = make(map[string][]byte, (len(a)-4)/2)
 			for i := 4; i+1 < len(a); i += 2 {
-				name, _ := a[i].(string)
-				value, _ := a[i+1].(string)
+				name, ok1 := a[i].(string)
+				value, ok2 := a[i+1].(string)
+				if !ok1 || !ok2 {
+					return bad("a checkpoint name or value not a string")
+				}
 				res.Checkpoints[name] = []byte(value)
 			}
 		}
 	case idempotency.OutcomeReplay:
-		if len(a) > 3 {
-			r, _ := a[3].(string)
-			res.Result = []byte(r)
+		r, ok := a[3].(string)
+		if !ok || len(a) != 4 {
+			return bad("the result not one string")
 		}
+		res.Result = []byte(r)
 	case idempotency.OutcomeInProgress:
-		if len(a) > 3 {
-			ms, _ := a[3].(int64)
-			res.RetryAfter = time.Duration(ms) * time.Millisecond
+		ms, ok := a[3].(int64)
+		if !ok || ms < 0 || len(a) != 4 {
+			return bad("the time left not one integer of ms")
 		}
+		res.RetryAfter = time.Duration(ms) * time.Millisecond
 	case idempotency.OutcomeMismatch:
+		if len(a) != 4 {
+			return bad("more than 4 elements")
+		}
 	default:
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected outcome %d", outcome)
+		return bad("unknown outcome")
 	}
 	return res, nil
 }
