@@ -49,9 +49,9 @@ func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo
 // Purge deletes the record under key and its index entry, as
 // [idempotency.Inspector] documents, with one script; with
 // [Options.Notify] it publishes on the record's shard channel, which wakes
-// its watchers. The next claim's fence comes from the server's clock, so
-// it is greater than the purged record's, with the caveat of the README's
-// fence section (a clock stepped back).
+// its watchers. The next claim's fence is above the purged record's: the
+// key's high-water mark outlives it by Options.FenceMemory (see the
+// README's fence section).
 func (s *Store) Purge(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -60,7 +60,7 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, purgeScript, keys, false, s.notify)
+	v, _, err := s.run(ctx, purgeScript, keys, false, s.notify, s.fenceMemory)
 	if err != nil {
 		return s.wrap("purge", err)
 	}

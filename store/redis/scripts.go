@@ -15,6 +15,15 @@ import goredis "github.com/redis/go-redis/v9"
 //	r    result (completed only)
 //	c:*  checkpoints, "c:" followed by the checkpoint's name (started only)
 //
+// Next to each record, a string key <prefix>{<shard>}\x00f<storage key>
+// holds the highest fence handed out for the storage key (its high-water
+// mark), with a time to live of the record's plus the fence memory
+// (Options.FenceMemory): claims set it, Renew and Complete extend it with
+// the record, Release and Purge keep it for the fence memory once the
+// record is gone. A fresh claim takes its fence above it, so fences grow
+// across deletion and re-creation whatever the server's clock does, while
+// the mark lives.
+//
 // Next to the records, each of the 1024 shards (the hash tag of its keys,
 // see Store.Key) has an index of its STARTED records: a sorted set
 // <prefix>{<shard>}\x00started of storage keys scored by their lease
@@ -78,36 +87,50 @@ local function index(idx, m, deadline, ttl, fresh)
 end
 `
 
-// nowLua reads the server's clock: now in ms, and sec and usec.
+// nowLua reads the server's clock: now in ms, and in µs. skew, when
+// given, moves the clock by that many µs (tests step it back with
+// Options' hidden clock skew; it is 0 otherwise).
+//
+// keepFence(hk, fence, ttl) records fence as the key's high-water mark
+// for ttl ms.
 const nowLua = `
-local function clock()
+local function clock(skew)
   local t = redis.call('TIME')
-  local sec, usec = tonumber(t[1]), tonumber(t[2])
-  return sec * 1000 + math.floor(usec / 1000), sec, usec
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + (skew or 0)
+  return math.floor(us / 1000), us
+end
+local function keepFence(hk, fence, ttl)
+  redis.call('SET', hk, string.format('%.0f', fence), 'PX', string.format('%.0f', ttl))
 end
 `
 
 // claimScript decides a claim: see Store.Claim for the table.
 //
-// KEYS[1] record, KEYS[2] its shard's index. ARGV: fingerprint, token,
-// lease ms, grace ms. Reply: {outcome, fence, attempt, extra, name1,
+// KEYS[1] record, KEYS[2] its shard's index, KEYS[3] its fence's
+// high-water mark. ARGV: fingerprint, token, lease ms, grace ms, fence
+// memory ms, clock skew µs. Reply: {outcome, fence, attempt, extra, name1,
 // value1, ...} where extra is the time left on the lease in ms for
 // in-progress, the result for replay, and "" otherwise; checkpoint pairs
 // follow for an acquisition of an existing record.
 var claimScript = goredis.NewScript(indexLua + nowLua + `
-local k, idx = KEYS[1], KEYS[2]
+local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
 local lease, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
+local memory, skew = tonumber(ARGV[5]), tonumber(ARGV[6])
 local h = redis.call('HMGET', k, 'f', 's', 't', 'n', 'a', 'l', 'r')
 if not h[1] then
   -- Absent (or expired: Redis never shows an expired key). The fence is the
-  -- server's clock in microseconds, so it exceeds every fence handed out
-  -- for this key before the record was deleted or expired.
-  local now, sec, usec = clock()
-  local fence = sec * 1000000 + usec
+  -- server's clock in microseconds, or one more than the highest fence
+  -- handed out for this key while that is remembered, whichever is
+  -- greater: it exceeds every fence handed out before the record was
+  -- deleted or expired, even after the clock stepped back.
+  local now, fence = clock(skew)
+  local hw = tonumber(redis.call('GET', hk))
+  if hw and hw >= fence then fence = hw + 1 end
   redis.call('HSET', k, 'f', ARGV[1], 's', 'started', 't', ARGV[2],
     'n', string.format('%.0f', fence), 'a', '1',
     'l', string.format('%.0f', now + lease), 'g', ARGV[4])
   redis.call('PEXPIRE', k, lease + grace)
+  keepFence(hk, fence, lease + grace + memory)
   local fresh = dropStale(idx, now)
   index(idx, member(k, idx), now + lease, lease + grace, fresh)
   return {1, fence, 1, ''}
@@ -119,7 +142,7 @@ end
 if h[2] == 'completed' then
   return {2, fence, attempt, h[7] or ''}
 end
-local now, sec, usec = clock()
+local now, us = clock(skew)
 local reply = {1, fence, attempt, ''}
 if h[3] ~= ARGV[2] then
   local deadline = tonumber(h[6])
@@ -127,17 +150,19 @@ if h[3] ~= ARGV[2] then
     return {3, fence, attempt, deadline - now}
   end
   -- Takeover of an expired lease: a greater fence, one more attempt.
-  local nf = sec * 1000000 + usec
+  local nf = us
   if nf <= fence then nf = fence + 1 end
   attempt = attempt + 1
   redis.call('HSET', k, 't', ARGV[2], 'n', string.format('%.0f', nf),
     'a', string.format('%.0f', attempt))
   reply = {1, nf, attempt, ''}
+  fence = nf
 end
 -- A takeover, or a repeated claim by the same holder whose reply was lost:
 -- the lease restarts from now and the checkpoints are handed over.
 redis.call('HSET', k, 'l', string.format('%.0f', now + lease), 'g', ARGV[4])
 redis.call('PEXPIRE', k, lease + grace)
+keepFence(hk, fence, lease + grace + memory)
 index(idx, member(k, idx), now + lease, lease + grace, false)
 local all = redis.call('HGETALL', k)
 for i = 1, #all, 2 do
@@ -152,11 +177,11 @@ return reply
 // renewScript extends a lease held under a token. A record that is gone
 // leaves a stale index entry, which it drops.
 //
-// KEYS[1] record, KEYS[2] its index. ARGV: token, lease ms. Reply: 1, or 0
-// for a lost lease.
+// KEYS[1] record, KEYS[2] its index, KEYS[3] its fence's high-water mark.
+// ARGV: token, lease ms, fence memory ms. Reply: 1, or 0 for a lost lease.
 var renewScript = goredis.NewScript(indexLua + nowLua + `
-local k, idx = KEYS[1], KEYS[2]
-local h = redis.call('HMGET', k, 's', 't', 'g')
+local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
+local h = redis.call('HMGET', k, 's', 't', 'g', 'n')
 if not h[1] then
   redis.call('ZREM', idx, member(k, idx))
   return 0
@@ -166,6 +191,7 @@ local now = clock()
 local lease = tonumber(ARGV[2])
 redis.call('HSET', k, 'l', string.format('%.0f', now + lease))
 redis.call('PEXPIRE', k, lease + tonumber(h[3]))
+keepFence(hk, tonumber(h[4]), lease + tonumber(h[3]) + tonumber(ARGV[3]))
 index(idx, member(k, idx), now + lease, lease + tonumber(h[3]), false)
 return 1
 `)
@@ -193,10 +219,11 @@ return 1
 // shard channel for Watch. A record that is gone leaves a stale index
 // entry, which it drops.
 //
-// KEYS[1] record, KEYS[2] its index. ARGV: token, result, retention ms,
-// touch, notify. Reply: 1, or 0 for a lost lease.
-var completeScript = goredis.NewScript(indexLua + `
-local k, idx = KEYS[1], KEYS[2]
+// KEYS[1] record, KEYS[2] its index, KEYS[3] its fence's high-water mark.
+// ARGV: token, result, retention ms, touch, notify, fence memory ms.
+// Reply: 1, or 0 for a lost lease.
+var completeScript = goredis.NewScript(indexLua + nowLua + `
+local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
 local h = redis.call('HMGET', k, 's', 't', 'f', 'n', 'a')
 if not h[1] then
   redis.call('ZREM', idx, member(k, idx))
@@ -213,6 +240,7 @@ if ARGV[5] == '1' then redis.call('SPUBLISH', k, 'completed') end
 redis.call('DEL', k)
 redis.call('HSET', k, 'f', h[3], 's', 'completed', 't', h[2], 'n', h[4], 'a', h[5], 'r', ARGV[2])
 redis.call('PEXPIRE', k, ARGV[3])
+keepFence(hk, tonumber(h[4]), tonumber(ARGV[3]) + tonumber(ARGV[6]))
 redis.call('ZREM', idx, member(k, idx))
 return 1
 `)
@@ -220,17 +248,18 @@ return 1
 // releaseScript deletes a started record held under a token, and its index
 // entry; releasing an absent record drops the entry it may have left.
 //
-// KEYS[1] record, KEYS[2] its index. ARGV: token, notify. Reply: 1, or 0
-// for a lost lease.
-var releaseScript = goredis.NewScript(indexLua + `
-local k, idx = KEYS[1], KEYS[2]
-local h = redis.call('HMGET', k, 's', 't')
+// KEYS[1] record, KEYS[2] its index, KEYS[3] its fence's high-water mark.
+// ARGV: token, notify, fence memory ms. Reply: 1, or 0 for a lost lease.
+var releaseScript = goredis.NewScript(indexLua + nowLua + `
+local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
+local h = redis.call('HMGET', k, 's', 't', 'n')
 if not h[1] then
   redis.call('ZREM', idx, member(k, idx))
   return 1
 end
 if h[1] ~= 'started' or h[2] ~= ARGV[1] then return 0 end
 if ARGV[2] == '1' then redis.call('SPUBLISH', k, 'released') end
+keepFence(hk, tonumber(h[3]), tonumber(ARGV[3]))
 redis.call('DEL', k)
 redis.call('ZREM', idx, member(k, idx))
 return 1
@@ -240,9 +269,12 @@ return 1
 // publishing on the record's shard channel when ARGV[1] is "1" and there
 // was a record.
 //
-// KEYS[1] record, KEYS[2] its index. ARGV: notify. Reply: 1.
-var purgeScript = goredis.NewScript(indexLua + `
-local k, idx = KEYS[1], KEYS[2]
+// KEYS[1] record, KEYS[2] its index, KEYS[3] its fence's high-water mark.
+// ARGV: notify, fence memory ms. Reply: 1.
+var purgeScript = goredis.NewScript(indexLua + nowLua + `
+local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
+local n = redis.call('HGET', k, 'n')
+if n then keepFence(hk, tonumber(n), tonumber(ARGV[2])) end
 if redis.call('DEL', k) == 1 and ARGV[1] == '1' then
   redis.call('SPUBLISH', k, 'purged')
 end

@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -58,6 +59,9 @@ const (
 	DefaultMaxValueSize = 1 << 20
 	// DefaultReplicaTimeout bounds the WAIT for replicas.
 	DefaultReplicaTimeout = time.Second
+	// DefaultFenceMemory is how long a storage key's highest fence is
+	// kept after its record is gone: an hour.
+	DefaultFenceMemory = time.Hour
 )
 
 // ErrNotReplicated is returned by Claim and Complete when fewer replicas
@@ -103,6 +107,18 @@ type Options struct {
 	// [Store.Watch] without polling. Off by default: with it off, Watch
 	// reports that it cannot watch and callers poll.
 	Notify bool
+
+	// FenceMemory is how long the highest fence handed out for a storage
+	// key is remembered after its record is gone (released, purged or
+	// expired), in a small key next to the record. A claim that re-creates
+	// the record within that time takes a fence above it even if the
+	// server's clock stepped back (an NTP step, a failover to a server
+	// whose clock is behind); after it, the fence comes from the clock
+	// alone, which is greater than the old one unless the clock stepped back
+	// by more than the time since. See the README's fence section for the
+	// bound and the cost (about 100 bytes per record). Default
+	// [DefaultFenceMemory]; it must be at least a millisecond.
+	FenceMemory time.Duration
 }
 
 // Store is an [idempotency.Store] on Redis. It is safe for concurrent use.
@@ -115,7 +131,12 @@ type Store struct {
 	replicas       int
 	replicaTimeout time.Duration
 	notify         string // "1" or "0", passed to the scripts
+	fenceMemory    int64  // ms
 	indexKeys      string // the Shards index keys, one after another (see indexKey)
+
+	// clockSkew moves the scripts' clock for claims, in µs: tests step it
+	// back to check that fences still grow. Always 0 outside tests.
+	clockSkew int64
 
 	// honoursDeadlines: the client bounds socket I/O by the context's
 	// deadline (Options.ContextTimeoutEnabled), so calls under a deadline
@@ -170,6 +191,14 @@ func New(client Client, opts *Options) (*Store, error) {
 		s.maxValue = DefaultMaxValueSize
 	case s.maxValue < 0:
 		return nil, fmt.Errorf("%w: redis store: negative MaxValueSize", idempotency.ErrInvalidArgument)
+	}
+	switch {
+	case o.FenceMemory == 0:
+		s.fenceMemory = DefaultFenceMemory.Milliseconds()
+	case o.FenceMemory < time.Millisecond:
+		return nil, fmt.Errorf("%w: redis store: FenceMemory below 1ms", idempotency.ErrInvalidArgument)
+	default:
+		s.fenceMemory = millis(o.FenceMemory)
 	}
 	if s.replicas < 0 {
 		return nil, fmt.Errorf("%w: redis store: negative Replicas", idempotency.ErrInvalidArgument)
@@ -272,14 +301,21 @@ func (s *Store) indexKey(shard int) string {
 	return s.indexKeys[shard*n : (shard+1)*n]
 }
 
-// keys returns the record key and the index key of storageKey, refusing a
-// storage key with a NUL, which could name an index.
+// fenceInfix follows the tag in the key of a storage key's highest fence,
+// before the storage key.
+const fenceInfix = "\x00f"
+
+// keys returns the record key, the index key and the fence key of
+// storageKey, refusing a storage key with a NUL, which could name an
+// index or a fence.
 func (s *Store) keys(storageKey string) ([]string, error) {
 	if strings.IndexByte(storageKey, 0) >= 0 {
 		return nil, fmt.Errorf("%w: redis store: storage key %q contains a NUL", idempotency.ErrInvalidArgument, storageKey)
 	}
 	shard := shardOf(storageKey)
-	return []string{s.recordKey(storageKey, shard), s.indexKey(shard)}, nil
+	rk := s.recordKey(storageKey, shard)
+	n := len(s.prefix) + tagLen
+	return []string{rk, s.indexKey(shard), rk[:n] + fenceInfix + rk[n:]}, nil
 }
 
 // Claim implements [idempotency.Store.Claim] with one script.
@@ -294,7 +330,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	v, waited, err := s.run(ctx, claimScript, keys, true, encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace))
+	v, waited, err := s.run(ctx, claimScript, keys, true, encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace), s.fenceMemory, s.clockSkew)
 	if err != nil {
 		return idempotency.ClaimResult{}, s.wrap("claim", err)
 	}
@@ -322,7 +358,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, renewScript, keys, false, string(token), millis(lease))
+	v, _, err := s.run(ctx, renewScript, keys, false, string(token), millis(lease), s.fenceMemory)
 	return s.done("renew", v, err)
 }
 
@@ -361,7 +397,7 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if err != nil {
 		return err
 	}
-	v, waited, err := s.run(ctx, completeScript, keys, true, string(token), result, millis(retention), touch, s.notify)
+	v, waited, err := s.run(ctx, completeScript, keys, true, string(token), result, millis(retention), touch, s.notify, s.fenceMemory)
 	if err := s.done("complete", v, err); err != nil {
 		return err
 	}
@@ -380,7 +416,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, releaseScript, keys, false, string(token), s.notify)
+	v, _, err := s.run(ctx, releaseScript, keys, false, string(token), s.notify, s.fenceMemory)
 	return s.done("release", v, err)
 }
 
@@ -451,42 +487,62 @@ func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// decodeClaim reads the claim script's reply.
+// decodeClaim reads the claim script's reply. A reply of another shape
+// (a server that is not Redis, a damaged script cache, a future version's
+// reply) is an error naming what was wrong, never a guess: a claim that
+// cannot be read must not be taken for an acquisition.
 func decodeClaim(v any) (idempotency.ClaimResult, error) {
+	bad := func(what string) (idempotency.ClaimResult, error) {
+		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply (%s): %.200v", what, v)
+	}
 	a, ok := v.([]any)
-	if !ok || len(a) < 3 {
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply %v", v)
+	if !ok || len(a) < 4 {
+		return bad("not an array of at least 4")
 	}
 	outcome, ok1 := a[0].(int64)
 	fence, ok2 := a[1].(int64)
 	attempt, ok3 := a[2].(int64)
 	if !ok1 || !ok2 || !ok3 {
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply %v", v)
+		return bad("outcome, fence and attempt not integers")
+	}
+	if fence <= 0 || attempt < 1 || attempt > math.MaxInt32 {
+		return bad("fence or attempt out of range")
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.Outcome(outcome), Fence: fence, Attempt: int(attempt)}
 	switch res.Outcome {
 	case idempotency.OutcomeAcquired:
+		if len(a)%2 != 0 {
+			return bad("a checkpoint without a value")
+		}
 		if len(a) > 4 {
 			res.Checkpoints = make(map[string][]byte, (len(a)-4)/2)
 			for i := 4; i+1 < len(a); i += 2 {
-				name, _ := a[i].(string)
-				value, _ := a[i+1].(string)
+				name, ok1 := a[i].(string)
+				value, ok2 := a[i+1].(string)
+				if !ok1 || !ok2 {
+					return bad("a checkpoint name or value not a string")
+				}
 				res.Checkpoints[name] = []byte(value)
 			}
 		}
 	case idempotency.OutcomeReplay:
-		if len(a) > 3 {
-			r, _ := a[3].(string)
-			res.Result = []byte(r)
+		r, ok := a[3].(string)
+		if !ok || len(a) != 4 {
+			return bad("the result not one string")
 		}
+		res.Result = []byte(r)
 	case idempotency.OutcomeInProgress:
-		if len(a) > 3 {
-			ms, _ := a[3].(int64)
-			res.RetryAfter = time.Duration(ms) * time.Millisecond
+		ms, ok := a[3].(int64)
+		if !ok || ms < 0 || len(a) != 4 {
+			return bad("the time left not one integer of ms")
 		}
+		res.RetryAfter = time.Duration(ms) * time.Millisecond
 	case idempotency.OutcomeMismatch:
+		if len(a) != 4 {
+			return bad("more than 4 elements")
+		}
 	default:
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected outcome %d", outcome)
+		return bad("unknown outcome")
 	}
 	return res, nil
 }

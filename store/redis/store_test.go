@@ -71,6 +71,8 @@ func TestNewRejects(t *testing.T) {
 		{"ReplicaTimeout below 1ms", c, &idemredis.Options{Replicas: 1, ReplicaTimeout: time.Microsecond}},
 		{"Replicas on a client without one connection per node", wrapped{c}, &idemredis.Options{Replicas: 1}},
 		{"Notify on a client without SSubscribe", wrapped{c}, &idemredis.Options{Notify: true}},
+		{"negative FenceMemory", c, &idemredis.Options{FenceMemory: -time.Hour}},
+		{"FenceMemory below 1ms", c, &idemredis.Options{FenceMemory: time.Microsecond}},
 	}
 	for _, tc := range cases {
 		s, err := idemredis.New(tc.client, tc.opts)
@@ -123,7 +125,8 @@ func TestKeyLayout(t *testing.T) {
 // TestKeysSpreadOverMasters claims 600 keys through a cluster client and
 // counts, on each master, the records that landed there: all three
 // masters must hold a fair share, or the hash tag pins keys to few slots.
-// The shards' indexes of STARTED records are counted apart.
+// The shards' indexes of STARTED records and the keys' fence marks are
+// counted apart (one mark per record).
 func TestKeysSpreadOverMasters(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
@@ -134,15 +137,18 @@ func TestKeysSpreadOverMasters(t *testing.T) {
 		mustClaim(t, s, claimReq(fmt.Sprintf("6:tenant3:k%d", i), "tok", time.Minute), idempotency.OutcomeAcquired)
 	}
 	var mu sync.Mutex
-	counts, indexes := map[string]int{}, 0
+	counts, indexes, marks := map[string]int{}, 0, 0
 	err := c.ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
 		keys, err := scanAll(ctx, m, prefix+"*")
 		mu.Lock()
 		defer mu.Unlock()
 		for _, k := range keys {
-			if strings.HasSuffix(k, "}\x00started") {
+			switch {
+			case strings.HasSuffix(k, "}\x00started"):
 				indexes++
-			} else {
+			case strings.Contains(k, "}\x00f"):
+				marks++
+			default:
 				counts[m.Options().Addr]++
 			}
 		}
@@ -155,8 +161,8 @@ func TestKeysSpreadOverMasters(t *testing.T) {
 	for _, k := range counts {
 		total += k
 	}
-	t.Logf("records per master: %v; %d shard indexes", counts, indexes)
-	if len(counts) != 3 || total != n {
+	t.Logf("records per master: %v; %d shard indexes, %d fence marks", counts, indexes, marks)
+	if len(counts) != 3 || total != n || marks != n {
 		t.Fatalf("found %d records on %d masters, want %d on 3: %v", total, len(counts), n, counts)
 	}
 	for addr, k := range counts {

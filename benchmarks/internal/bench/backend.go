@@ -288,7 +288,16 @@ func (b *Backend) openRedis(ctx context.Context, c goredis.UniversalClient) erro
 		counts := map[string]int64{}
 		err := nodes(ctx, func(ctx context.Context, n *goredis.Client) error {
 			var k int64
-			err := scan(ctx, n, func(keys []string) error { k += int64(len(keys)); return nil })
+			err := scan(ctx, n, func(keys []string) error {
+				for _, key := range keys {
+					// A record's key has no NUL; the shards' indexes and the
+					// keys' fence marks do.
+					if !strings.Contains(key, "\x00") {
+						k++
+					}
+				}
+				return nil
+			})
 			mu.Lock()
 			counts[n.Options().Addr] = k
 			mu.Unlock()

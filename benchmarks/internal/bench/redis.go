@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// RedisPoolSize is the connection pool of the Redis floor benchmarks, for
+// the store and the raw floor alike.
+const RedisPoolSize = 16
+
+// RedisClient returns a client of the single Redis server at addr, with
+// go-redis's default options but a pool of [RedisPoolSize], counting its
+// commands and pipelines in trips, after checking that the server answers.
+func RedisClient(addr string, trips *atomic.Int64) (*goredis.Client, error) {
+	c := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: RedisPoolSize})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("bench: redis at %s unreachable: %w: %s", addr, err, howTo(Redis))
+	}
+	c.AddHook((*redisHook)(trips))
+	return c, nil
+}
+
+// UnlinkPrefix deletes every key of c's server that starts with prefix,
+// SCANning in batches of 1000 and UNLINKing each batch in one pipeline.
+func UnlinkPrefix(ctx context.Context, c *goredis.Client, prefix string) error {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, prefix+"*", 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}

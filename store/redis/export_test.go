@@ -1,0 +1,13 @@
+package redis
+
+import "time"
+
+// SetClockSkew moves the clock of s's claims by d (negative: back), as a
+// server clock stepped back would.
+func SetClockSkew(s *Store, d time.Duration) { s.clockSkew = d.Microseconds() }
+
+// FenceKey returns the key of the highest fence of storageKey.
+func FenceKey(s *Store, storageKey string) string {
+	k, _ := s.keys(storageKey)
+	return k[2]
+}
