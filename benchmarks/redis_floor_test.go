@@ -42,6 +42,10 @@ return 1`)
 // (the target is 0.9); roundtrips/op counts Do's commands and pipelines.
 //
 //	go test -run '^$' -bench RedisFloor -count 5 -benchtime 3000x ./benchmarks/
+//
+// With IDEM_BENCH_REDIS_CONTEXT_TIMEOUT=1 both sides share a client with
+// ContextTimeoutEnabled, the configuration store/redis's README
+// recommends: the store then bounds its calls without a goroutine each.
 func BenchmarkRedisFloor(b *testing.B) {
 	for _, op := range []string{"fresh", "replay"} {
 		for _, callers := range []int{1, 16} {

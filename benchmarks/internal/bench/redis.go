@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -13,11 +14,20 @@ import (
 // the store and the raw floor alike.
 const RedisPoolSize = 16
 
+// RedisContextTimeoutVar names the environment variable that, set to 1,
+// gives the floor benchmarks' client ContextTimeoutEnabled: go-redis then
+// honours context deadlines itself and the store needs no goroutine per
+// call to bound it (see store/redis's README). Both sides of the
+// comparison use the same client either way.
+const RedisContextTimeoutVar = "IDEM_BENCH_REDIS_CONTEXT_TIMEOUT"
+
 // RedisClient returns a client of the single Redis server at addr, with
-// go-redis's default options but a pool of [RedisPoolSize], counting its
+// go-redis's default options but a pool of [RedisPoolSize] (and
+// ContextTimeoutEnabled when [RedisContextTimeoutVar] is 1), counting its
 // commands and pipelines in trips, after checking that the server answers.
 func RedisClient(addr string, trips *atomic.Int64) (*goredis.Client, error) {
-	c := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: RedisPoolSize})
+	c := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: RedisPoolSize,
+		ContextTimeoutEnabled: os.Getenv(RedisContextTimeoutVar) == "1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
