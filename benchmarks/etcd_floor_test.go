@@ -83,28 +83,19 @@ func etcdFloor(b *testing.B, endpoints []string, op string, callers int) {
 			b.Fatal(err)
 		}
 		if op == "replay" {
-			if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"bench"}, Key: fmt.Sprintf("hot-%d", g)}, fn); err != nil {
+			if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"bench"}, Key: bench.HotKey(g)}, fn); err != nil {
 				b.Fatal(err)
 			}
-			if err := raw(fmt.Sprintf("hot-%d", g)); err != nil {
+			if err := raw(bench.HotKey(g)); err != nil {
 				b.Fatal(err)
 			}
 		}
 	}
-	bench.Floor(b, callers, &trips,
-		func(g, i int) error {
-			if op == "replay" {
-				return do(fmt.Sprintf("hot-%d", g))
-			}
-			return do(fmt.Sprintf("k%d", i))
-		},
-		func(g, i int) error {
-			if op == "replay" {
-				return raw(fmt.Sprintf("hot-%d", g))
-			}
-			if err := raw(fmt.Sprintf("k%d-claim", i)); err != nil {
-				return err
-			}
-			return raw(fmt.Sprintf("k%d-complete", i))
-		})
+	rawFresh := func(key string) error {
+		if err := raw(key + "-claim"); err != nil {
+			return err
+		}
+		return raw(key + "-complete")
+	}
+	bench.FloorOp(b, op, callers, &trips, do, rawFresh, raw)
 }

@@ -147,27 +147,15 @@ func postgresFloor(b *testing.B, op string, callers int) {
 			return err
 		}
 		if op == "replay" {
-			if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"bench"}, Key: fmt.Sprintf("hot-%d", g)}, fn); err != nil {
+			if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: []string{"bench"}, Key: bench.HotKey(g)}, fn); err != nil {
 				return err
 			}
-			if err := rawFresh(fmt.Sprintf("hot-%d", g)); err != nil {
+			if err := rawFresh(bench.HotKey(g)); err != nil {
 				return err
 			}
-			return rawReplay(fmt.Sprintf("hot-%d", g))
+			return rawReplay(bench.HotKey(g))
 		}
 		return nil
 	}, b.Fatal)
-	bench.Floor(b, callers, &p.trips,
-		func(g, i int) error {
-			if op == "replay" {
-				return do(fmt.Sprintf("hot-%d", g))
-			}
-			return do(fmt.Sprintf("k%d", i))
-		},
-		func(g, i int) error {
-			if op == "replay" {
-				return rawReplay(fmt.Sprintf("hot-%d", g))
-			}
-			return rawFresh(fmt.Sprintf("k%d", i))
-		})
+	bench.FloorOp(b, op, callers, &p.trips, do, rawFresh, rawReplay)
 }

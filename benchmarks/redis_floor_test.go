@@ -165,7 +165,7 @@ func redisFloor(b *testing.B, op string, callers, preload int) {
 			b.Fatal(err)
 		}
 		if op == "replay" {
-			hot := fmt.Sprintf("hot-%d", g)
+			hot := bench.HotKey(g)
 			if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: bench.Scope, Key: hot}, fn); err != nil {
 				b.Fatal(err)
 			}
@@ -174,19 +174,7 @@ func redisFloor(b *testing.B, op string, callers, preload int) {
 			}
 		}
 	}
-	bench.Floor(b, callers, &trips,
-		func(g, i int) error {
-			if op == "replay" {
-				return do(fmt.Sprintf("hot-%d", g))
-			}
-			return do(fmt.Sprintf("k%d", i))
-		},
-		func(g, i int) error {
-			if op == "replay" {
-				return rawReplay(fmt.Sprintf("hot-%d", g))
-			}
-			return rawFresh(fmt.Sprintf("k%d", i))
-		})
+	bench.FloorOp(b, op, callers, &trips, do, rawFresh, rawReplay)
 	if preload > 0 { // after Floor, whose ResetTimer drops metrics reported before
 		b.ReportMetric(perRecord, "bytes/record")
 	}

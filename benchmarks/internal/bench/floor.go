@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,26 @@ import (
 // raw-ns/op ÷ ns/op, and roundtrips/op of Do as counted in trips.
 func Floor(b *testing.B, callers int, trips *atomic.Int64, do, raw func(g, i int) error) {
 	Compare(b, callers, trips, "raw", do, raw)
+}
+
+// HotKey is the completed key that goroutine g replays in a "replay"
+// floor ([FloorOp]); make it, through Do and through the floor's own
+// statements, before the measurement.
+func HotKey(g int) string { return fmt.Sprintf("hot-%d", g) }
+
+// FloorOp runs [Floor] for one workload: op "fresh" gives every call a new
+// key, op "replay" has goroutine g read [HotKey](g) again and again. do
+// runs Do on a key; fresh and replay run the floor's statements for it.
+func FloorOp(b *testing.B, op string, callers int, trips *atomic.Int64, do, fresh, replay func(key string) error) {
+	if op == "replay" {
+		Floor(b, callers, trips,
+			func(g, _ int) error { return do(HotKey(g)) },
+			func(g, _ int) error { return replay(HotKey(g)) })
+		return
+	}
+	Floor(b, callers, trips,
+		func(_, i int) error { return do(fmt.Sprintf("k%d", i)) },
+		func(_, i int) error { return fresh(fmt.Sprintf("k%d", i)) })
 }
 
 // Compare is [Floor] with another name for the baseline: it reports
