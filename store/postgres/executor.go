@@ -71,7 +71,8 @@ var _ idempotency.Executor = (*TxExecutor)(nil)
 
 // NewTxExecutor returns an executor that begins its transactions on db (a
 // *pgxpool.Pool or a *pgx.Conn; never closed) and runs [DoTx] with r,
-// which must be a Runner on a [*Store]. It returns an error wrapping
+// which must be a Runner on a [*Store] (or on a wrapper of one with a method
+// Unwrap() idempotency.Store, as for [DoTx]). It returns an error wrapping
 // [idempotency.ErrInvalidArgument] for a nil db or runner, a runner on
 // another store, or invalid options.
 func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions) (*TxExecutor, error) {
@@ -84,7 +85,7 @@ func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions
 	case r == nil:
 		return nil, invalid("nil runner")
 	}
-	if _, ok := r.Store().(*Store); !ok {
+	if _, ok := unwrapStore(r.Store()); !ok {
 		return nil, invalid("TxExecutor needs a Runner on a *postgres.Store, not %T", r.Store())
 	}
 	e := &TxExecutor{db: db, runner: r}

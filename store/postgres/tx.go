@@ -31,7 +31,8 @@ const (
 // connection dies first: a later call then runs fn again, once. So writes
 // fn makes through tx happen exactly once.
 //
-// r must be a Runner on a *Store (its table is used); r supplies the key
+// r must be a Runner on a *Store, or on a wrapper of one whose method
+// Unwrap() idempotency.Store returns it (its table is used); r supplies the key
 // validation, codec and error policy, the Store's Options the lock wait
 // and retention. A concurrent duplicate in another transaction blocks on
 // the key's row lock until the first transaction ends, then replays its
@@ -87,7 +88,7 @@ func doTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 	case fn == nil:
 		return res, false, fmt.Errorf("%w: postgres: nil fn", idempotency.ErrInvalidArgument)
 	}
-	s, ok := r.Store().(*Store)
+	s, ok := unwrapStore(r.Store())
 	if !ok {
 		return res, false, fmt.Errorf("%w: postgres: DoTx needs a Runner on a *postgres.Store, not %T", idempotency.ErrInvalidArgument, r.Store())
 	}
@@ -370,4 +371,24 @@ func newToken() idempotency.Token {
 	var b [16]byte
 	crand.Read(b[:]) // never fails (Go 1.24+)
 	return idempotency.Token(hex.EncodeToString(b[:]))
+}
+
+// unwrapStore finds the *Store under s: s itself, or the store a wrapper
+// (an instrumenting one such as otelidem's) returns from its method
+// Unwrap() idempotency.Store, through up to 8 wrappers. Transactional
+// mode calls the *Store directly, inside the caller's transaction, so a
+// wrapper sees none of those calls; the runner's observer still gets
+// every event.
+func unwrapStore(s idempotency.Store) (*Store, bool) {
+	for range 8 {
+		switch v := s.(type) {
+		case *Store:
+			return v, v != nil
+		case interface{ Unwrap() idempotency.Store }:
+			s = v.Unwrap()
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
 }
