@@ -90,11 +90,11 @@ func errorTypeOf(err error) errorType {
 // deadline_exceeded or _OTHER.
 //
 // The wrapper's method Unwrap() idempotency.Store returns s.
-// Store(nil), or a typed nil, returns nil, which [idempotency.New] refuses. An execution
-// mode that needs the adapter's own store type (the PostgreSQL adapter's
-// DoTx and TxExecutor need a *postgres.Store) does not work on the
-// wrapper: give such a runner the unwrapped store; the Observer still
-// counts its calls from their events.
+// Store(nil), or a typed nil, returns nil, which [idempotency.New] refuses.
+// An execution mode that needs the adapter's own store type (the
+// PostgreSQL adapter's DoTx and TxExecutor need a *postgres.Store) finds
+// it through Unwrap and calls it directly, so the wrapper sees none of
+// those calls; the Observer still counts them from their events.
 func (o *Observer) Store(s idempotency.Store) idempotency.Store {
 	if isNil(s) {
 		return nil
