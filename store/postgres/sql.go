@@ -38,14 +38,7 @@ type statements struct {
 const claimSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 ins AS (
-	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
-		lease_until, grace, expires_at, checkpoints, result, created_at)
-	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
-		c.now + $4::bigint * interval '1 microsecond',
-		$5::bigint * interval '1 microsecond',
-		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
-		NULL, NULL, c.now
-	FROM c
+` + freshRowSQL + `
 	ON CONFLICT (key) DO UPDATE SET
 		fingerprint = EXCLUDED.fingerprint,
 		state = 'started',
@@ -116,14 +109,7 @@ cur AS MATERIALIZED (
 	WHERE r.key = $1::text
 ),
 ins AS (
-	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
-		lease_until, grace, expires_at, checkpoints, result, created_at)
-	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
-		c.now + $4::bigint * interval '1 microsecond',
-		$5::bigint * interval '1 microsecond',
-		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
-		NULL, NULL, c.now
-	FROM c
+` + freshRowSQL + `
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING r.fence
@@ -325,3 +311,20 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 		sweep:            r.Replace(sweepSQL),
 	}
 }
+
+// freshRowSQL is the INSERT of a fresh claim that claimSQL and
+// claimFastSQL share: a STARTED row under a new fence, with its lease,
+// grace and expiry counted from c.now, the clock read of the statement's
+// first CTE. The statements add their own conflict handling.
+//
+// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
+const freshRowSQL = `
+	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
+		lease_until, grace, expires_at, checkpoints, result, created_at)
+	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
+		c.now + $4::bigint * interval '1 microsecond',
+		$5::bigint * interval '1 microsecond',
+		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
+		NULL, NULL, c.now
+	FROM c
+`
