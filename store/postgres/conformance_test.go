@@ -18,13 +18,19 @@ const testMaxValueSize = 256 << 10
 // protocol, statements prepared and cached per connection), exec (extended
 // protocol without prepared statements) and simple protocol. The last two
 // are what PgBouncer's transaction pooling allows.
+//
+// Claim's two plain statements run in either order (the insertion or the
+// read first, chosen from the recent claims): the exec mode pins the read
+// first and the simple protocol the insertion first, so that every case
+// is decided by both orders; the default mode lets the store choose.
 var execModes = []struct {
 	name string
 	mode pgx.QueryExecMode
+	pin  func(*postgres.Store)
 }{
-	{"extended", pgx.QueryExecModeCacheStatement},
-	{"exec", pgx.QueryExecModeExec},
-	{"simple_protocol", pgx.QueryExecModeSimpleProtocol},
+	{"extended", pgx.QueryExecModeCacheStatement, func(*postgres.Store) {}},
+	{"exec", pgx.QueryExecModeExec, func(s *postgres.Store) { postgres.PinClaimOrder(s, true) }},
+	{"simple_protocol", pgx.QueryExecModeSimpleProtocol, func(s *postgres.Store) { postgres.PinClaimOrder(s, false) }},
 }
 
 func TestConformance(t *testing.T) {
@@ -42,6 +48,7 @@ func TestConformance(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				m.pin(s)
 				return s
 			}, conformancetest.Capabilities{
 				Sweeper:         true,
@@ -69,6 +76,7 @@ func TestConformanceNotify(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				m.pin(s)
 				t.Cleanup(func() { _ = s.Close() })
 				return s
 			}, conformancetest.Capabilities{

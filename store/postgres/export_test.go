@@ -20,3 +20,16 @@ func SetMigrateTimeout(d time.Duration) (restore func()) {
 	migrateTimeout = d
 	return func() { migrateTimeout = old }
 }
+
+// PinClaimOrder fixes which of Claim's plain statements runs first (the
+// read when readFirst), instead of choosing from the recent claims; it
+// must be called before s is used.
+func PinClaimOrder(s *Store, readFirst bool) {
+	s.order.pin = pinInsert
+	if readFirst {
+		s.order.pin = pinRead
+	}
+}
+
+// ClaimReadsFirst reports whether s's next claim starts with the read.
+func ClaimReadsFirst(s *Store) bool { return s.order.readFirst() }

@@ -115,6 +115,7 @@ type Store struct {
 	sql      statements
 	notify   bool
 	listener *listener // nil without Notify
+	order    claimOrder
 }
 
 var (

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/store/postgres"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestReplayTakesNoLock: a replay of a completed record, a mismatch
@@ -18,10 +20,19 @@ import (
 // (a claim that locked the row would wait for it), and leave the row's
 // version and lock word (xmin, xmax) as they were: they wrote nothing.
 // Many replays at once all see the stored result.
+//
+// It runs with each of Claim's plain statements first.
 func TestReplayTakesNoLock(t *testing.T) {
+	for _, readFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readFirst=%v", readFirst), func(t *testing.T) { testReplayTakesNoLock(t, readFirst) })
+	}
+}
+
+func testReplayTakesNoLock(t *testing.T, readFirst bool) {
 	pool := testPool(t, pgx.QueryExecModeCacheStatement)
 	table := "nolock_" + randomHex(4)
 	s := newStore(t, pool, &postgres.Options{Table: table})
+	postgres.PinClaimOrder(s, readFirst)
 	ctx := t.Context()
 	qualified := pgx.Identifier{testSchema, table}.Sanitize()
 
@@ -136,4 +147,71 @@ func TestExpiredCompletedDoesNotReplay(t *testing.T) {
 	if err != nil || res.Outcome != idempotency.OutcomeAcquired || res.Fence <= first.Fence || res.Attempt != 1 || len(res.Result) != 0 {
 		t.Fatalf("claim after the retention ended: %+v, %v; want acquired afresh with a fence above %d", res, err, first.Fence)
 	}
+}
+
+// countingDB counts the statements run through it.
+type countingDB struct {
+	postgres.DB
+	n atomic.Int64
+}
+
+func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.n.Add(1)
+	return c.DB.Exec(ctx, sql, args...)
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.n.Add(1)
+	return c.DB.Query(ctx, sql, args...)
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.n.Add(1)
+	return c.DB.QueryRow(ctx, sql, args...)
+}
+
+// TestClaimOrderFollowsTheWorkload: while claims find no row, a claim is
+// one statement (the insertion); once most find one (replays), a replay is
+// one statement (the read); and back when fresh keys return. Outcomes are
+// the same in both orders.
+func TestClaimOrderFollowsTheWorkload(t *testing.T) {
+	db := &countingDB{DB: testPool(t, pgx.QueryExecModeCacheStatement)}
+	s := newStore(t, db, nil)
+	ctx := t.Context()
+	claim := func(key string, tok idempotency.Token, want idempotency.Outcome) int64 {
+		t.Helper()
+		before := db.n.Load()
+		res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Token: tok, Lease: time.Minute, Grace: time.Minute})
+		if err != nil || res.Outcome != want {
+			t.Fatalf("claim of %s: %v, %v; want %v", key, res.Outcome, err, want)
+		}
+		return db.n.Load() - before
+	}
+	fresh := func(round int) {
+		t.Helper()
+		for i := range 40 {
+			key := fmt.Sprintf("fresh-%d-%d", round, i)
+			n := claim(key, "t", idempotency.OutcomeAcquired)
+			if i >= 20 && n != 1 {
+				t.Errorf("fresh claim %d of round %d: %d statements, want 1 (the insertion first)", i, round, n)
+			}
+			if err := s.Complete(ctx, key, "t", []byte("r"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if postgres.ClaimReadsFirst(s) {
+			t.Errorf("after 40 fresh claims the store reads first")
+		}
+	}
+	fresh(0)
+	for i := range 40 {
+		n := claim("fresh-0-0", idempotency.Token(fmt.Sprintf("r%d", i)), idempotency.OutcomeReplay)
+		if i < 10 && n != 2 || i >= 20 && n != 1 {
+			t.Errorf("replay %d: %d statements, want %d", i, n, map[bool]int{true: 2, false: 1}[i < 10])
+		}
+	}
+	if !postgres.ClaimReadsFirst(s) {
+		t.Errorf("after 40 replays the store inserts first")
+	}
+	fresh(1)
 }

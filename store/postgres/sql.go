@@ -10,7 +10,7 @@ import "strings"
 // every parameter carries a cast, so the statements also work with pgx's
 // exec and simple-protocol modes (PgBouncer transaction pooling).
 type statements struct {
-	claimFast, completeFallback                                               string
+	claimInsert, claimRead, completeFallback                                  string
 	claim, renew, checkpoint, complete, completeTx, release, sweep, leaseLeft string
 	inspect, purge, stuck                                                     string
 }
@@ -38,7 +38,7 @@ type statements struct {
 const claimSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 ins AS (
-` + freshRowSQL + `
+` + freshRowSQL + `	FROM c
 	ON CONFLICT (key) DO UPDATE SET
 		fingerprint = EXCLUDED.fingerprint,
 		state = 'started',
@@ -76,55 +76,52 @@ SELECT false, cur.fence, cur.attempt, NULL::text,
 		AND (cur.lease_until <= t.now OR cur.token = $3::text))
 FROM cur, LATERAL (SELECT clock_timestamp() AS now) AS t`
 
-// claimFastSQL is what Claim runs first: a plain read of the row, and
-// only when there is none an INSERT ... ON CONFLICT DO NOTHING. It
-// decides, without taking a lock or writing anything, every claim that
-// finds a live row it may not take (a replay, a mismatch, a claim in
-// progress under another token); and with one insertion every claim of a
-// key that has no row. It returns:
-//   - acquired (the first column true) when it inserted a fresh record;
-//   - the row it read, with "stale" (the last column) false, when that
-//     row is live and not the caller's to take: a COMPLETED record is
-//     immutable until it expires, and a STARTED one under another token
-//     whose lease has not ended (or with another fingerprint) changes only
-//     by its holder, so the statement's snapshot answers as well as a
-//     lock would, at the moment the snapshot was taken; the clock c.now,
-//     read after the snapshot, judges expiry and lease (a row live then
-//     was live at the snapshot);
-//   - the row with stale true when it is expired or the caller may take
-//     it over, and no row when the insertion met a row committed after
-//     the snapshot: Claim then runs claimSQL, which decides under the
-//     row's lock.
+// Claim first runs one or both of two plain statements, neither of
+// which takes a lock or writes anything when the key has a row (see
+// Store.claim for their order): claimInsertSQL, an INSERT ... ON CONFLICT
+// DO NOTHING of a fresh record, and claimReadSQL, a plain read of the row.
+// Together they decide every claim of a key that has no row (one
+// insertion), and every claim that finds a live row it may not take: a
+// replay, a mismatch, a claim in progress under another token. Only
+// takeovers, expired rows and races go on to claimSQL, which decides under
+// the row's lock. Both statements return the columns of claimSQL.
+//
+// claimInsertSQL returns acquired (the first column true) with the fence
+// when it inserted the row, and no row when the key had one (or had one
+// committed while the statement waited). Its clock is read once, in the
+// subquery "c", which the planner keeps as one evaluation because the
+// function is volatile.
+//
+// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
+const claimInsertSQL = freshRowSQL + `	FROM (SELECT clock_timestamp() AS now) AS c
+	ON CONFLICT (key) DO NOTHING
+	RETURNING true, r.fence, 1, NULL::text, NULL::text, NULL::text, 0::bigint, NULL::bytea, false`
+
+// claimReadSQL reads the row, with "stale" (the last column) false when
+// the row is live and not the caller's to take: a COMPLETED record is
+// immutable until it expires, and a STARTED one under another token whose
+// lease has not ended (or with another fingerprint) changes only by its
+// holder, so the statement's snapshot answers as well as a lock would, at
+// the moment the snapshot was taken; the clock c.now, read after the
+// snapshot, judges expiry and lease (a row live then was live at the
+// snapshot). Stale is true when the row is expired or the caller may take
+// it over: claimSQL decides those under the row's lock. No row: the key
+// has none.
 //
 // The time left on the lease is computed from greatest(lease_until, now)
 // because a tombstone's lease_until is -infinity, which cannot be
 // subtracted.
 //
-// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
-const claimFastSQL = `
-WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
-cur AS MATERIALIZED (
-	SELECT r.fingerprint, r.state, r.token, r.fence, r.attempt, r.lease_until, r.expires_at, r.result
-	FROM {T} AS r
-	WHERE r.key = $1::text
-),
-ins AS (
-` + freshRowSQL + `
-	WHERE NOT EXISTS (SELECT FROM cur)
-	ON CONFLICT (key) DO NOTHING
-	RETURNING r.fence
-)
-SELECT true, ins.fence, 1, NULL::text,
-	NULL::text, NULL::text, 0::bigint, NULL::bytea, false
-FROM ins
-UNION ALL
-SELECT false, cur.fence, cur.attempt, NULL::text,
-	cur.fingerprint, cur.state,
-	ceil(extract(epoch FROM greatest(cur.lease_until, c.now) - c.now) * 1000000)::bigint,
-	cur.result,
-	cur.expires_at <= c.now OR (cur.state = 'started' AND cur.fingerprint = $2::text
-		AND (cur.lease_until <= c.now OR cur.token = $3::text))
-FROM cur, c`
+// $1 key, $2 fingerprint, $3 token.
+const claimReadSQL = `
+SELECT false, r.fence, r.attempt, NULL::text,
+	r.fingerprint, r.state,
+	ceil(extract(epoch FROM greatest(r.lease_until, c.now) - c.now) * 1000000)::bigint,
+	r.result,
+	r.expires_at <= c.now OR (r.state = 'started' AND r.fingerprint = $2::text
+		AND (r.lease_until <= c.now OR r.token = $3::text))
+FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
+WHERE r.key = $1::text`
 
 // $1 key, $2 token, $3 lease µs.
 const renewSQL = `
@@ -300,7 +297,8 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 		inspect:          r.Replace(inspectSQL),
 		purge:            r.Replace(purgeSQL),
 		stuck:            r.Replace(stuckSQL),
-		claimFast:        r.Replace(claimFastSQL),
+		claimInsert:      r.Replace(claimInsertSQL),
+		claimRead:        r.Replace(claimReadSQL),
 		claim:            r.Replace(claimSQL),
 		completeFallback: r.Replace(completeFallbackSQL),
 		renew:            r.Replace(renewSQL),
@@ -313,9 +311,10 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 }
 
 // freshRowSQL is the INSERT of a fresh claim that claimSQL and
-// claimFastSQL share: a STARTED row under a new fence, with its lease,
-// grace and expiry counted from c.now, the clock read of the statement's
-// first CTE. The statements add their own conflict handling.
+// claimInsertSQL share: a STARTED row under a new fence, with its lease,
+// grace and expiry counted from c.now, one read of the server's clock. The
+// statements add the FROM that reads it (claimSQL's first CTE, or
+// claimInsertSQL's subquery) and their own conflict handling.
 //
 // $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
 const freshRowSQL = `
@@ -326,5 +325,4 @@ const freshRowSQL = `
 		$5::bigint * interval '1 microsecond',
 		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
 		NULL, NULL, c.now
-	FROM c
 `

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -42,12 +43,33 @@ func checkClaim(r idempotency.ClaimRequest) error {
 }
 
 func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	// The plain read and insertion first (see claimFastSQL): they decide
-	// fresh keys, replays, mismatches and claims in progress; takeovers,
-	// expired rows and races go on to the locking statement.
-	row := db.QueryRow(ctx, s.sql.claimFast, r.Key, string(r.Fingerprint), string(r.Token), micros(r.Lease), micros(r.Grace))
-	if res, ok, err := s.scanClaim(ctx, row, r); err != nil || ok {
-		return res, err
+	// The plain statements first (see claimInsertSQL): they decide fresh
+	// keys, replays, mismatches and claims in progress without a lock;
+	// takeovers, expired rows and races go on to the locking statement.
+	args := []any{r.Key, string(r.Fingerprint), string(r.Token), micros(r.Lease), micros(r.Grace)}
+	readFirst := s.order.readFirst()
+	for i := range 2 {
+		if (i == 0) == readFirst {
+			res, found, decided, err := s.claimRead(ctx, db, r, args)
+			if i == 0 {
+				s.order.record(found)
+			}
+			if err != nil || decided {
+				return res, err
+			}
+			if found {
+				break // stale: a takeover or an expired row
+			}
+		} else {
+			row := db.QueryRow(ctx, s.sql.claimInsert, args...)
+			res, inserted, err := s.scanClaim(ctx, row, r)
+			if i == 0 {
+				s.order.record(!inserted && err == nil)
+			}
+			if err != nil || inserted {
+				return res, err
+			}
+		}
 	}
 	for range claimRetries {
 		res, ok, err := s.claimOnce(ctx, db, r)
@@ -56,6 +78,61 @@ func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (i
 		}
 	}
 	return idempotency.ClaimResult{}, fmt.Errorf("postgres: claim: the row of key %q kept changing under the statement %d times; try again", r.Key, claimRetries)
+}
+
+// claimRead runs claimReadSQL: found reports whether the key has a row,
+// decided whether the row answers the claim (it is live and not the
+// caller's to take).
+func (s *Store) claimRead(ctx context.Context, db DB, r idempotency.ClaimRequest, args []any) (res idempotency.ClaimResult, found, decided bool, err error) {
+	var c claimRow
+	err = db.QueryRow(ctx, s.sql.claimRead, args[:3]...).Scan(&c.acquired, &c.fence, &c.attempt, &c.checkpoints, &c.fingerprint, &c.state, &c.retryAfterMicros, &c.result, &c.stale)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, false, nil
+	}
+	if err != nil {
+		return res, false, false, wrapErr(ctx, "claim", err)
+	}
+	res, decided, err = claimResult(c, r)
+	return res, true, decided, err
+}
+
+// claimOrder chooses which of Claim's two plain statements runs first.
+// Either order gives the same outcome; they differ in round trips. The
+// insertion first answers a fresh key in one statement and a key with a
+// row in two; the read first does the opposite. A store mostly sees fresh
+// keys (a retry is the exception), so it starts with the insertion; when
+// most recent claims found a row (a retry storm, a replay-heavy consumer)
+// it reads first. The count is a saturating counter of the last claims,
+// moved without locks: a lost update costs a round trip, never an outcome.
+type claimOrder struct {
+	found atomic.Int32
+	pin   int32 // tests: 0 adapts, pinInsert or pinRead fixes the order
+}
+
+// claimOrderMax is the counter's ceiling; reads go first above half.
+const claimOrderMax = 32
+
+const (
+	pinInsert = 1
+	pinRead   = 2
+)
+
+func (o *claimOrder) readFirst() bool {
+	if o.pin != 0 {
+		return o.pin == pinRead
+	}
+	return o.found.Load() > claimOrderMax/2
+}
+
+// record counts whether a claim's first statement found a row.
+func (o *claimOrder) record(found bool) {
+	n := o.found.Load()
+	switch {
+	case found && n < claimOrderMax:
+		o.found.Store(n + 1)
+	case !found && n > 0:
+		o.found.Store(n - 1)
+	}
 }
 
 // claimOnce runs the claim statement. ok is false when the statement could
