@@ -19,7 +19,8 @@ import (
 // created and deleted continuously.
 const claimRetries = 8
 
-// Claim decides atomically, in one statement, whether the request may run:
+// Claim decides atomically whether the request may run (each statement it
+// runs decides alone; see claimInsertSQL):
 // see [idempotency.Store.Claim].
 func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if err := checkClaim(r); err != nil {
