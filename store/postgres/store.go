@@ -19,9 +19,9 @@ import (
 // created and deleted continuously.
 const claimRetries = 8
 
-// Claim decides atomically whether the request may run (each statement it
-// runs decides alone; see claimInsertSQL):
-// see [idempotency.Store.Claim].
+// Claim decides atomically whether the request may run: see
+// [idempotency.Store.Claim]. Each statement it runs decides alone (see
+// claimInsertSQL); a fresh key or a replay takes one.
 func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	if err := checkClaim(r); err != nil {
 		return idempotency.ClaimResult{}, err
