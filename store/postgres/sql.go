@@ -97,30 +97,24 @@ const claimInsertSQL = freshRowSQL + `	FROM (SELECT clock_timestamp() AS now) AS
 	ON CONFLICT (key) DO NOTHING
 	RETURNING true, r.fence, 1, NULL::text, NULL::text, NULL::text, 0::bigint, NULL::bytea, false`
 
-// claimReadSQL reads the row, with "stale" (the last column) false when
-// the row is live and not the caller's to take: a COMPLETED record is
-// immutable until it expires, and a STARTED one under another token whose
-// lease has not ended (or with another fingerprint) changes only by its
-// holder, so the statement's snapshot answers as well as a lock would, at
-// the moment the snapshot was taken; the clock c.now, read after the
-// snapshot, judges expiry and lease (a row live then was live at the
-// snapshot). Stale is true when the row is expired or the caller may take
-// it over: claimSQL decides those under the row's lock. No row: the key
-// has none.
+// claimReadSQL reads the row and the server's clock, read after the
+// statement's snapshot; no row when the key has none. Store.claimRead
+// decides from them whether the row answers the claim: when it is live and
+// not the caller's to take. A COMPLETED record is immutable until it
+// expires, and a STARTED one under another token whose lease has not ended
+// (or with another fingerprint) changes only by its holder, so the
+// snapshot answers as well as a lock would, at the moment it was taken,
+// and the clock judges expiry and lease (a row live then was live at the
+// snapshot). A row that is expired, or that the caller may take over, is
+// stale: claimSQL decides it under the row's lock. The comparisons are
+// made by the caller on the server's values, rather than in the
+// statement, which then costs PostgreSQL no more than a plain read.
 //
-// The time left on the lease is computed from greatest(lease_until, now)
-// because a tombstone's lease_until is -infinity, which cannot be
-// subtracted.
-//
-// $1 key, $2 fingerprint, $3 token.
+// $1 key.
 const claimReadSQL = `
-SELECT false, r.fence, r.attempt, NULL::text,
-	r.fingerprint, r.state,
-	ceil(extract(epoch FROM greatest(r.lease_until, c.now) - c.now) * 1000000)::bigint,
-	r.result,
-	r.expires_at <= c.now OR (r.state = 'started' AND r.fingerprint = $2::text
-		AND (r.lease_until <= c.now OR r.token = $3::text))
-FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
+SELECT r.fence, r.attempt, r.fingerprint, r.state, r.token, r.lease_until, r.expires_at, r.result,
+	clock_timestamp()
+FROM {T} AS r
 WHERE r.key = $1::text`
 
 // $1 key, $2 token, $3 lease µs.

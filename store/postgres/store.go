@@ -11,6 +11,7 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // claimRetries bounds how often Claim runs its statement again when the
@@ -51,7 +52,7 @@ func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (i
 	readFirst := s.order.readFirst()
 	for i := range 2 {
 		if (i == 0) == readFirst {
-			res, found, decided, err := s.claimRead(ctx, db, r, args)
+			res, found, decided, err := s.claimRead(ctx, db, r)
 			if i == 0 {
 				s.order.record(found)
 			}
@@ -84,17 +85,59 @@ func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (i
 // claimRead runs claimReadSQL: found reports whether the key has a row,
 // decided whether the row answers the claim (it is live and not the
 // caller's to take).
-func (s *Store) claimRead(ctx context.Context, db DB, r idempotency.ClaimRequest, args []any) (res idempotency.ClaimResult, found, decided bool, err error) {
-	var c claimRow
-	err = db.QueryRow(ctx, s.sql.claimRead, args[:3]...).Scan(&c.acquired, &c.fence, &c.attempt, &c.checkpoints, &c.fingerprint, &c.state, &c.retryAfterMicros, &c.result, &c.stale)
+func (s *Store) claimRead(ctx context.Context, db DB, r idempotency.ClaimRequest) (res idempotency.ClaimResult, found, decided bool, err error) {
+	var row readRow
+	err = db.QueryRow(ctx, s.sql.claimRead, r.Key).Scan(&row.fence, &row.attempt, &row.fingerprint, &row.state, &row.token,
+		&row.leaseUntil, &row.expiresAt, &row.result, &row.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return res, false, false, nil
 	}
 	if err != nil {
 		return res, false, false, wrapErr(ctx, "claim", err)
 	}
-	res, decided, err = claimResult(c, r)
+	res, decided, err = claimResult(row.claimRow(r), r)
 	return res, true, decided, err
+}
+
+// readRow is the row of claimReadSQL.
+type readRow struct {
+	fence                      int64
+	attempt                    int32
+	fingerprint, state, token  string
+	leaseUntil, expiresAt, now pgtype.Timestamptz
+	result                     []byte
+}
+
+// claimRow judges the row by the server's clock as claimSQL's last part
+// does: stale when expired or the caller's to take, and the time left on
+// the lease.
+func (rr readRow) claimRow(r idempotency.ClaimRequest) claimRow {
+	now := rr.now.Time
+	live := after(rr.expiresAt, now)
+	leased := after(rr.leaseUntil, now)
+	c := claimRow{
+		fence: rr.fence, attempt: rr.attempt, fingerprint: &rr.fingerprint, state: &rr.state, result: rr.result,
+		stale: !live || rr.state == string(idempotency.StateStarted) && rr.fingerprint == string(r.Fingerprint) &&
+			(!leased || rr.token == string(r.Token)),
+	}
+	switch {
+	case rr.leaseUntil.InfinityModifier == pgtype.Infinity:
+		c.retryAfterMicros = math.MaxInt64
+	case leased:
+		c.retryAfterMicros = rr.leaseUntil.Time.Sub(now).Microseconds()
+	}
+	return c
+}
+
+// after reports whether t is after now, infinities included.
+func after(t pgtype.Timestamptz, now time.Time) bool {
+	switch t.InfinityModifier {
+	case pgtype.Infinity:
+		return true
+	case pgtype.NegativeInfinity:
+		return false
+	}
+	return t.Time.After(now)
 }
 
 // claimOrder chooses which of Claim's two plain statements runs first.
