@@ -132,11 +132,23 @@ end
 // time left on the lease in ms for in-progress, the result for replay,
 // and "" otherwise; checkpoint pairs follow for an acquisition of an
 // existing record.
-var claimScript = goredis.NewScript(indexLua + nowLua + `
+//
+// A replay and a mismatch, which write nothing, are answered first, before
+// the script defines the functions the other outcomes use.
+var claimScript = goredis.NewScript(`
+local h = redis.call('HMGET', KEYS[1], 'f', 's', 't', 'n', 'a', 'l', 'r')
+if h[1] then
+  if h[1] ~= ARGV[1] then
+    return {4, tonumber(h[4]), tonumber(h[5]), ''}
+  end
+  if h[2] == 'completed' then
+    return {2, tonumber(h[4]), tonumber(h[5]), h[7] or ''}
+  end
+end
+` + indexLua + nowLua + `
 local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
 local lease, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
 local memory, skew, cover = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local h = redis.call('HMGET', k, 'f', 's', 't', 'n', 'a', 'l', 'r')
 if not h[1] then
   -- Absent (or expired: Redis never shows an expired key). The fence is the
   -- server's clock in microseconds, or one more than the highest fence
@@ -160,12 +172,6 @@ if not h[1] then
   return {1, fence, 1, ''}
 end
 local fence, attempt = tonumber(h[4]), tonumber(h[5])
-if h[1] ~= ARGV[1] then
-  return {4, fence, attempt, ''}
-end
-if h[2] == 'completed' then
-  return {2, fence, attempt, h[7] or ''}
-end
 local now, us = clock(skew)
 local reply = {1, fence, attempt, ''}
 -- A takeover, or a repeated claim by the same holder whose reply was lost:
