@@ -153,4 +153,92 @@ func TestFenceMemoryOutlivesRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("release", memory)
+
+	// Once the store has seen a retention, claims make the mark cover it
+	// (the record's TTL plus that retention plus the memory), and a
+	// completion with that retention leaves the mark alone: it still
+	// outlives the record by the memory, and more by at most the lease
+	// and grace. A longer retention sets the mark again.
+	const key2 = "5:ttl2"
+	fk2 := idemredis.FenceKey(s, key2)
+	pttl := func(k string) time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, k).Result()
+		if err != nil || d < 0 {
+			t.Fatalf("PTTL %q: %v, %v", k, d, err)
+		}
+		return d
+	}
+	mustClaim(t, s, claimReq(key2, "c", time.Minute), idempotency.OutcomeAcquired)
+	if d, want := pttl(fk2)-pttl(s.Key(key2)), time.Hour+memory; d < want-time.Second || d > want+time.Second {
+		t.Errorf("claim after a 1h retention: mark outlives the record by %v, want %v", d, want)
+	}
+	before := pttl(fk2)
+	if err := s.Complete(ctx, key2, "c", []byte("r"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rec, hw := pttl(s.Key(key2)), pttl(fk2)
+	if hw > before {
+		t.Errorf("complete with the covered retention set the mark again: %v, before %v", hw, before)
+	}
+	if d := hw - rec; d < memory-time.Second || d > memory+2*time.Minute+time.Second {
+		t.Errorf("complete with the covered retention: mark outlives the record by %v, want %v to %v more", d, memory, 2*time.Minute)
+	}
+	mustClaim(t, s, claimReq("5:ttl3", "d", time.Minute), idempotency.OutcomeAcquired)
+	if err := s.Complete(ctx, "5:ttl3", "d", []byte("r"), 3*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if d := pttl(idemredis.FenceKey(s, "5:ttl3")) - pttl(s.Key("5:ttl3")); d < memory-time.Second || d > memory+time.Second {
+		t.Errorf("complete with a longer retention: mark outlives the record by %v, want %v", d, memory)
+	}
+}
+
+// TestFenceAfterCompletionExpires: a completed record that expires leaves
+// the high-water mark behind for the fence memory, whether Complete set it
+// (a retention longer than the one the claim covered) or left it as the
+// claim set it (the retention the store saw last): a clock stepped back
+// hands out a greater fence either way, on the single server and on the
+// cluster. The retention exceeds lease, grace and fence memory together,
+// so a mark left at the claim's time to live when it had to be set again
+// would be gone by the next claim.
+func TestFenceAfterCompletionExpires(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client func(testing.TB) goredis.UniversalClient
+	}{
+		{"single", func(tb testing.TB) goredis.UniversalClient { return newSingle(tb) }},
+		{"cluster", func(tb testing.TB) goredis.UniversalClient { return newCluster(tb) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(t)
+			const memory = 500 * time.Millisecond
+			s := newStore(t, c, &idemredis.Options{FenceMemory: memory})
+			ctx := context.Background()
+			const key = "5:complete-expiry"
+			// The first and third retentions are longer than the one the
+			// claim covered (none, then 800ms), the second is the same.
+			retentions := []time.Duration{800 * time.Millisecond, 800 * time.Millisecond, time.Second}
+			var last int64
+			for i, retention := range retentions {
+				idemredis.SetClockSkew(s, -time.Duration(i)*time.Hour)
+				tok := idempotency.Token(string(rune('a' + i)))
+				res := mustClaim(t, s, claimGrace(key, tok, 100*time.Millisecond, 100*time.Millisecond), idempotency.OutcomeAcquired)
+				if res.Fence <= last {
+					t.Errorf("claim %d, clock %dh back: fence %d after %d", i, i, res.Fence, last)
+				}
+				last = res.Fence
+				if err := s.Complete(ctx, key, tok, []byte("r"), retention); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(retention + 100*time.Millisecond)
+				if n, err := c.Exists(ctx, s.Key(key)).Result(); err != nil || n != 0 {
+					t.Fatalf("record still there after its retention: %d, %v", n, err)
+				}
+			}
+			idemredis.SetClockSkew(s, -3*time.Hour)
+			if res := mustClaim(t, s, claimReq(key, "z", time.Minute), idempotency.OutcomeAcquired); res.Fence <= last {
+				t.Errorf("last claim, clock 3h back: fence %d after %d", res.Fence, last)
+			}
+		})
+	}
 }

@@ -12,17 +12,35 @@ import goredis "github.com/redis/go-redis/v9"
 //	a    attempt: 1 for a fresh claim, one more for every takeover
 //	l    lease deadline, Unix milliseconds by the server's clock (started only)
 //	g    grace in milliseconds, so that Renew can recompute retention (started only)
+//	m    the retention in ms the fence's high-water mark already covers (started
+//	     only; see below; records of earlier releases lack it: 0)
+//	c    "1" when the record has or had checkpoints (started only; records of
+//	     earlier releases lack it, and Complete looks for checkpoints in
+//	     every record without m)
 //	r    result (completed only)
 //	c:*  checkpoints, "c:" followed by the checkpoint's name (started only)
 //
 // Next to each record, a string key <prefix>{<shard>}\x00f<storage key>
 // holds the highest fence handed out for the storage key (its high-water
-// mark), with a time to live of the record's plus the fence memory
-// (Options.FenceMemory): claims set it, Renew and Complete extend it with
-// the record, Release and Purge keep it for the fence memory once the
-// record is gone. A fresh claim takes its fence above it, so fences grow
-// across deletion and re-creation whatever the server's clock does, while
-// the mark lives.
+// mark). It lives at least the fence memory (Options.FenceMemory) longer
+// than the record: a claim sets it with a time to live of the record's
+// (lease plus grace) plus m plus the fence memory, where m is the retention
+// of the store's latest completion (0 before the first one), so that when
+// Complete later gives the record a retention of at most m, the mark
+// already outlives the record by the fence memory and Complete leaves it
+// alone; a greater retention makes Complete set it again. Renew and every
+// claim that moves the lease set it again with the same margin; Release
+// and Purge keep it for the fence memory once the record is gone. A fresh
+// claim takes its fence above it (reading and setting it in one SET ...
+// GET), so fences grow across deletion and re-creation whatever the
+// server's clock does, while the mark lives.
+//
+// Why m is enough: a started record's expiry is always its lease deadline
+// plus its grace, in the server's clock, and so is the mark's minus m and
+// the fence memory (both are set together, relative to the same clock).
+// A completion runs while the record exists, so before that expiry; the
+// record then lives the retention from the completion, which ends before
+// the mark's expiry minus the fence memory when the retention is at most m.
 //
 // Next to the records, each of the 1024 shards (the hash tag of its keys,
 // see Store.Key) has an index of its STARTED records: a sorted set
@@ -92,15 +110,16 @@ end
 // Options' hidden clock skew; it is 0 otherwise).
 //
 // keepFence(hk, fence, ttl) records fence as the key's high-water mark
-// for ttl ms.
+// for ttl ms. fmt(x) is the decimal text of the integer x.
 const nowLua = `
+local function fmt(x) return string.format('%.0f', x) end
 local function clock(skew)
   local t = redis.call('TIME')
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + (skew or 0)
   return math.floor(us / 1000), us
 end
 local function keepFence(hk, fence, ttl)
-  redis.call('SET', hk, string.format('%.0f', fence), 'PX', string.format('%.0f', ttl))
+  redis.call('SET', hk, fmt(fence), 'PX', fmt(ttl))
 end
 `
 
@@ -108,42 +127,56 @@ end
 //
 // KEYS[1] record, KEYS[2] its shard's index, KEYS[3] its fence's
 // high-water mark. ARGV: fingerprint, token, lease ms, grace ms, fence
-// memory ms, clock skew µs. Reply: {outcome, fence, attempt, extra, name1,
-// value1, ...} where extra is the time left on the lease in ms for
-// in-progress, the result for replay, and "" otherwise; checkpoint pairs
-// follow for an acquisition of an existing record.
-var claimScript = goredis.NewScript(indexLua + nowLua + `
+// memory ms, clock skew µs, retention ms the mark is to cover (m). Reply:
+// {outcome, fence, attempt, extra, name1, value1, ...} where extra is the
+// time left on the lease in ms for in-progress, the result for replay,
+// and "" otherwise; checkpoint pairs follow for an acquisition of an
+// existing record.
+//
+// A replay and a mismatch, which write nothing, are answered first, before
+// the script defines the functions the other outcomes use.
+var claimScript = goredis.NewScript(`
+local h = redis.call('HMGET', KEYS[1], 'f', 's', 't', 'n', 'a', 'l', 'r')
+if h[1] then
+  if h[1] ~= ARGV[1] then
+    return {4, tonumber(h[4]), tonumber(h[5]), ''}
+  end
+  if h[2] == 'completed' then
+    return {2, tonumber(h[4]), tonumber(h[5]), h[7] or ''}
+  end
+end
+` + indexLua + nowLua + `
 local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
 local lease, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
-local memory, skew = tonumber(ARGV[5]), tonumber(ARGV[6])
-local h = redis.call('HMGET', k, 'f', 's', 't', 'n', 'a', 'l', 'r')
+local memory, skew, cover = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 if not h[1] then
   -- Absent (or expired: Redis never shows an expired key). The fence is the
   -- server's clock in microseconds, or one more than the highest fence
   -- handed out for this key while that is remembered, whichever is
   -- greater: it exceeds every fence handed out before the record was
-  -- deleted or expired, even after the clock stepped back.
+  -- deleted or expired, even after the clock stepped back. The mark is
+  -- read and set in one command; it is set again in the rare case that
+  -- it was not below the clock.
   local now, fence = clock(skew)
-  local hw = tonumber(redis.call('GET', hk))
-  if hw and hw >= fence then fence = hw + 1 end
+  local px = fmt(lease + grace + tonumber(cover) + memory)
+  local hw = tonumber(redis.call('SET', hk, fmt(fence), 'PX', px, 'GET'))
+  if hw and hw >= fence then
+    fence = hw + 1
+    redis.call('SET', hk, fmt(fence), 'PX', px)
+  end
   redis.call('HSET', k, 'f', ARGV[1], 's', 'started', 't', ARGV[2],
-    'n', string.format('%.0f', fence), 'a', '1',
-    'l', string.format('%.0f', now + lease), 'g', ARGV[4])
+    'n', fmt(fence), 'a', '1', 'l', fmt(now + lease), 'g', ARGV[4], 'm', cover)
   redis.call('PEXPIRE', k, lease + grace)
-  keepFence(hk, fence, lease + grace + memory)
   local fresh = dropStale(idx, now)
   index(idx, member(k, idx), now + lease, lease + grace, fresh)
   return {1, fence, 1, ''}
 end
 local fence, attempt = tonumber(h[4]), tonumber(h[5])
-if h[1] ~= ARGV[1] then
-  return {4, fence, attempt, ''}
-end
-if h[2] == 'completed' then
-  return {2, fence, attempt, h[7] or ''}
-end
 local now, us = clock(skew)
 local reply = {1, fence, attempt, ''}
+-- A takeover, or a repeated claim by the same holder whose reply was lost:
+-- the lease restarts from now and the checkpoints are handed over.
+local set = {'l', fmt(now + lease), 'g', ARGV[4], 'm', cover}
 if h[3] ~= ARGV[2] then
   local deadline = tonumber(h[6])
   if deadline > now then
@@ -153,17 +186,10 @@ if h[3] ~= ARGV[2] then
   local nf = us
   if nf <= fence then nf = fence + 1 end
   attempt = attempt + 1
-  redis.call('HSET', k, 't', ARGV[2], 'n', string.format('%.0f', nf),
-    'a', string.format('%.0f', attempt))
+  set[7], set[8], set[9], set[10], set[11], set[12] = 't', ARGV[2], 'n', fmt(nf), 'a', fmt(attempt)
   reply = {1, nf, attempt, ''}
   fence = nf
 end
--- A takeover, or a repeated claim by the same holder whose reply was lost:
--- the lease restarts from now and the checkpoints are handed over.
-redis.call('HSET', k, 'l', string.format('%.0f', now + lease), 'g', ARGV[4])
-redis.call('PEXPIRE', k, lease + grace)
-keepFence(hk, fence, lease + grace + memory)
-index(idx, member(k, idx), now + lease, lease + grace, false)
 local all = redis.call('HGETALL', k)
 for i = 1, #all, 2 do
   if string.sub(all[i], 1, 2) == 'c:' then
@@ -171,6 +197,15 @@ for i = 1, #all, 2 do
     reply[#reply + 1] = all[i + 1]
   end
 end
+-- A record of an earlier release has checkpoints without the "c" field.
+if #reply > 4 then
+  set[#set + 1] = 'c'
+  set[#set + 1] = '1'
+end
+redis.call('HSET', k, unpack(set))
+redis.call('PEXPIRE', k, lease + grace)
+keepFence(hk, fence, lease + grace + tonumber(cover) + memory)
+index(idx, member(k, idx), now + lease, lease + grace, false)
 return reply
 `)
 
@@ -181,50 +216,58 @@ return reply
 // ARGV: token, lease ms, fence memory ms. Reply: 1, or 0 for a lost lease.
 var renewScript = goredis.NewScript(indexLua + nowLua + `
 local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
-local h = redis.call('HMGET', k, 's', 't', 'g', 'n')
+local h = redis.call('HMGET', k, 's', 't', 'g', 'n', 'm')
 if not h[1] then
   redis.call('ZREM', idx, member(k, idx))
   return 0
 end
 if h[1] ~= 'started' or h[2] ~= ARGV[1] then return 0 end
 local now = clock()
-local lease = tonumber(ARGV[2])
-redis.call('HSET', k, 'l', string.format('%.0f', now + lease))
-redis.call('PEXPIRE', k, lease + tonumber(h[3]))
-keepFence(hk, tonumber(h[4]), lease + tonumber(h[3]) + tonumber(ARGV[3]))
-index(idx, member(k, idx), now + lease, lease + tonumber(h[3]), false)
+local ttl = tonumber(ARGV[2]) + tonumber(h[3])
+redis.call('HSET', k, 'l', fmt(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', k, ttl)
+keepFence(hk, tonumber(h[4]), ttl + (tonumber(h[5]) or 0) + tonumber(ARGV[3]))
+index(idx, member(k, idx), now + tonumber(ARGV[2]), ttl, false)
 return 1
 `)
 
-// checkpointScript stores a recovery point under a token. The record's
-// expiry (lease deadline plus grace, both absolute) is set again, unchanged,
-// and so is its index entry.
+// checkpointScript stores a recovery point under a token, and marks the
+// record as having checkpoints (field "c"), so that Complete looks for
+// them. The record's expiry (lease deadline plus grace, both absolute) is
+// set again, unchanged, and so is its index entry.
 //
 // KEYS[1] record. ARGV: token, name, value. Reply: 1, or 0 for a lost lease.
 var checkpointScript = goredis.NewScript(`
 local k = KEYS[1]
 local h = redis.call('HMGET', k, 's', 't', 'l', 'g')
 if h[1] ~= 'started' or h[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', k, 'c:' .. ARGV[2], ARGV[3])
+redis.call('HSET', k, 'c:' .. ARGV[2], ARGV[3], 'c', '1')
 redis.call('PEXPIREAT', k, tonumber(h[3]) + tonumber(h[4]))
 return 1
 `)
 
-// completeScript records the result under a token, rewriting the record
-// without its checkpoints and lease fields, and drops its index entry. A
-// record already completed under the token is left as it is; when ARGV[4]
-// is "1" (the caller will WAIT for replicas) a write that changes nothing
-// is made, so that WAIT on this connection also covers the earlier
-// completion. When ARGV[5] is "1" a message is published on the record's
-// shard channel for Watch. A record that is gone leaves a stale index
-// entry, which it drops.
+// completeScript records the result under a token: it deletes the lease
+// fields and the checkpoints (looked for only when the record says it has
+// some, or is of an earlier release: it has no field m), sets the state
+// and the result, and drops the record's index entry. The fence's
+// high-water mark is set again only when the retention exceeds the one it
+// covers (field m). A record already completed under the token is left as
+// it is; when ARGV[4] is "1" (the caller will WAIT for replicas) a write
+// that changes nothing is made, so that WAIT on this connection also
+// covers the earlier completion. When ARGV[5] is "1" a message is
+// published on the record's shard channel for Watch. A record that is gone
+// leaves a stale index entry, which it drops.
+//
+// The fields are deleted before the result is set: a record whose result
+// makes Redis convert it from a listpack to a hash table is converted with
+// the fields it keeps only, as small as when it was written whole.
 //
 // KEYS[1] record, KEYS[2] its index, KEYS[3] its fence's high-water mark.
 // ARGV: token, result, retention ms, touch, notify, fence memory ms.
 // Reply: 1, or 0 for a lost lease.
 var completeScript = goredis.NewScript(indexLua + nowLua + `
 local k, idx, hk = KEYS[1], KEYS[2], KEYS[3]
-local h = redis.call('HMGET', k, 's', 't', 'f', 'n', 'a')
+local h = redis.call('HMGET', k, 's', 't', 'n', 'm', 'c')
 if not h[1] then
   redis.call('ZREM', idx, member(k, idx))
   return 0
@@ -236,11 +279,21 @@ if h[1] == 'completed' then
 end
 if h[1] ~= 'started' then return 0 end
 if ARGV[5] == '1' then redis.call('SPUBLISH', k, 'completed') end
--- Rewriting the record drops the checkpoints and the lease fields.
-redis.call('DEL', k)
-redis.call('HSET', k, 'f', h[3], 's', 'completed', 't', h[2], 'n', h[4], 'a', h[5], 'r', ARGV[2])
-redis.call('PEXPIRE', k, ARGV[3])
-keepFence(hk, tonumber(h[4]), tonumber(ARGV[3]) + tonumber(ARGV[6]))
+local gone = {'l', 'g', 'm', 'c'}
+if h[5] or not h[4] then
+  for _, f in ipairs(redis.call('HKEYS', k)) do
+    if string.sub(f, 1, 2) == 'c:' then gone[#gone + 1] = f end
+  end
+end
+for i = 1, #gone, 500 do
+  redis.call('HDEL', k, unpack(gone, i, math.min(i + 499, #gone)))
+end
+redis.call('HSET', k, 's', 'completed', 'r', ARGV[2])
+local retention = tonumber(ARGV[3])
+redis.call('PEXPIRE', k, retention)
+if (tonumber(h[4]) or 0) < retention then
+  keepFence(hk, tonumber(h[3]), retention + tonumber(ARGV[6]))
+end
 redis.call('ZREM', idx, member(k, idx))
 return 1
 `)
