@@ -22,8 +22,11 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"hash/maphash"
 	"maps"
+	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,30 +65,98 @@ type Store struct {
 	now      func() time.Time
 	maxValue int // < 0: no limit
 
-	mu      sync.RWMutex // read-locked by replays only
-	records map[string]*record
+	// base is the store clock's reading at New: deadlines are kept as
+	// nanoseconds since base (see [Store.clock]).
+	base      time.Time
+	realClock bool // now is time.Now
+
+	seed    maphash.Seed            // of the keys' hashes
+	hashKey func(key string) uint64 // replaces maphash in tests of collisions
+
+	mu sync.RWMutex // read-locked by replays only
+	// records holds every record by the hash of its key (see hash), those
+	// of keys with the same hash chained through next. A map by a fixed
+	// size hash, computed once per operation, costs less than a map by
+	// the key: a string key is hashed again on every map access and every
+	// move when the map grows, each time reading the key's bytes, a cache
+	// miss in a large store.
+	records map[uint64]*record
 	expiry  expiryHeap // every record of records, soonest expiry first
 	fence   int64      // last fence handed out, store-wide
 }
 
 // record is one key's record. Byte slices in it are owned by the store:
 // copied in and copied out.
+//
+// A store keeps many records, and the garbage collector marks every
+// pointer in them on every cycle: so the record's strings share one
+// allocation and its instants are integers, which leaves a live COMPLETED
+// record with two pointers (ids and result) instead of seven.
 type record struct {
-	key         string
-	fingerprint idempotency.Fingerprint
-	state       idempotency.State
-	token       idempotency.Token
-	fence       int64
-	attempt     int
-	leaseEnd    time.Time // STARTED only
-	grace       time.Duration
-	expires     time.Time // the record is absent from this instant on
+	// ids is the storage key, the fingerprint and the token, in this
+	// order; keyLen and fpLen split it (see key, fingerprint and token).
+	ids       string
+	keyLen    int32
+	fpLen     int32
+	hash      uint64  // of the key, by which records holds it
+	next      *record // the next record of the same hash; nil but for a collision
+	state     idempotency.State
+	fence     int64
+	attempt   int
+	leaseEnd  instant // STARTED only
+	grace     time.Duration
+	expires   instant // the record is absent from this instant on
+	heapIndex int
+	// checkpoints and changed are nil for most records.
 	checkpoints map[string][]byte
 	result      []byte
-	heapIndex   int
 	// changed is closed, and set to nil, when the record completes, is
 	// released, taken over or deleted. Made only when someone watches.
 	changed chan struct{}
+}
+
+// instant is a reading of the store's clock: nanoseconds since the
+// store's base (see [Store.clock]).
+type instant int64
+
+// add returns i plus d, saturating instead of overflowing.
+func (i instant) add(d time.Duration) instant {
+	if d > 0 && i > math.MaxInt64-instant(d) {
+		return math.MaxInt64
+	}
+	return i + instant(d)
+}
+
+// sub returns the duration from j to i.
+func (i instant) sub(j instant) time.Duration { return time.Duration(i - j) }
+
+func (rec *record) key() string { return rec.ids[:rec.keyLen] }
+
+func (rec *record) fingerprint() idempotency.Fingerprint {
+	return idempotency.Fingerprint(rec.ids[rec.keyLen : rec.keyLen+rec.fpLen])
+}
+
+func (rec *record) token() idempotency.Token {
+	return idempotency.Token(rec.ids[rec.keyLen+rec.fpLen:])
+}
+
+// setIDs stores key, fingerprint and token in one allocation. It panics
+// on a key or fingerprint of 2 GiB or more.
+func (rec *record) setIDs(key string, fp idempotency.Fingerprint, token idempotency.Token) {
+	if len(key) > math.MaxInt32 || len(fp) > math.MaxInt32 {
+		panic("memory: key or fingerprint too long")
+	}
+	rec.ids = key + string(fp) + string(token)
+	rec.keyLen, rec.fpLen = int32(len(key)), int32(len(fp))
+}
+
+// clock reads the store's clock as an instant: nanoseconds since base,
+// saturated at about 292 years either side of it.
+func (s *Store) clock() instant {
+	if s.realClock {
+		return instant(time.Since(s.base)) // the monotonic clock alone
+	}
+	return instant(s.now().Sub(s.base))
 }
 
 // New returns an empty store. A nil opts means the defaults.
@@ -93,7 +164,8 @@ func New(opts *Options) *Store {
 	s := &Store{
 		now:      time.Now,
 		maxValue: DefaultMaxValueSize,
-		records:  make(map[string]*record),
+		records:  make(map[uint64]*record),
+		seed:     maphash.MakeSeed(),
 	}
 	if opts != nil {
 		if opts.Now != nil {
@@ -103,6 +175,8 @@ func New(opts *Options) *Store {
 			s.maxValue = opts.MaxValueSize
 		}
 	}
+	s.base = s.now()
+	s.realClock = opts == nil || opts.Now == nil
 	return s
 }
 
@@ -130,28 +204,28 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		return idempotency.ClaimResult{}, invalid("grace %v is negative", r.Grace)
 	}
 
-	if res, ok := s.replay(r); ok {
+	h := s.hash(r.Key)
+	if res, ok := s.replay(h, r); ok {
 		return res, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	s.sweepLocked(now, sweepPerOp)
 
-	rec := s.lookupLocked(r.Key, now)
+	rec := s.lookupLocked(h, r.Key, now)
 	if rec == nil {
 		s.fence++
 		rec = &record{
-			key:         r.Key,
-			fingerprint: r.Fingerprint,
-			state:       idempotency.StateStarted,
-			token:       r.Token,
-			fence:       s.fence,
-			attempt:     1,
-			heapIndex:   -1,
+			state:     idempotency.StateStarted,
+			fence:     s.fence,
+			attempt:   1,
+			heapIndex: -1,
 		}
+		rec.setIDs(r.Key, r.Fingerprint, r.Token)
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
-		s.records[r.Key] = rec
+		rec.hash, rec.next = h, s.records[h]
+		s.records[h] = rec
 		heap.Push(&s.expiry, rec)
 		return idempotency.ClaimResult{
 			Outcome: idempotency.OutcomeAcquired,
@@ -162,23 +236,23 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 
 	res := idempotency.ClaimResult{Fence: rec.fence, Attempt: rec.attempt}
 	switch {
-	case rec.fingerprint != r.Fingerprint:
+	case rec.fingerprint() != r.Fingerprint:
 		res.Outcome = idempotency.OutcomeMismatch
 	case rec.state == idempotency.StateCompleted:
 		res.Outcome = idempotency.OutcomeReplay
 		res.Result = clone(rec.result)
-	case rec.token == r.Token:
+	case rec.token() == r.Token:
 		// A repeated claim whose reply was lost: same fence, lease anew.
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
 		res.Outcome = idempotency.OutcomeAcquired
 		res.Checkpoints = cloneMap(rec.checkpoints)
-	case now.Before(rec.leaseEnd):
+	case now < rec.leaseEnd:
 		res.Outcome = idempotency.OutcomeInProgress
-		res.RetryAfter = rec.leaseEnd.Sub(now)
+		res.RetryAfter = rec.leaseEnd.sub(now)
 	default:
 		// The holder's lease ended: take over, keeping its checkpoints.
 		s.fence++
-		rec.token = r.Token
+		rec.setIDs(rec.key(), rec.fingerprint(), r.Token)
 		rec.fence = s.fence
 		rec.attempt++
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
@@ -202,12 +276,12 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 // write lock. Anything else is for Claim to decide under the write lock.
 // Replays skip the sweep: they create no record, so the sweeps of the
 // operations that do still outpace expiry.
-func (s *Store) replay(r idempotency.ClaimRequest) (idempotency.ClaimResult, bool) {
+func (s *Store) replay(h uint64, r idempotency.ClaimRequest) (idempotency.ClaimResult, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	rec := s.records[r.Key]
-	if rec == nil || rec.state != idempotency.StateCompleted || rec.fingerprint != r.Fingerprint ||
-		!s.now().Before(rec.expires) {
+	rec := s.getLocked(h, r.Key)
+	if rec == nil || rec.state != idempotency.StateCompleted || rec.fingerprint() != r.Fingerprint ||
+		s.clock() >= rec.expires {
 		return idempotency.ClaimResult{}, false
 	}
 	return idempotency.ClaimResult{
@@ -227,11 +301,12 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	if lease <= 0 {
 		return invalid("lease %v is not positive", lease)
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	s.sweepLocked(now, sweepPerOp)
-	rec, err := s.heldLocked(key, token, now)
+	rec, err := s.heldLocked(h, key, token, now)
 	if err != nil {
 		return err
 	}
@@ -248,11 +323,12 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 	if err := s.checkSize("checkpoint", value); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	s.sweepLocked(now, sweepPerOp)
-	rec, err := s.heldLocked(key, token, now)
+	rec, err := s.heldLocked(h, key, token, now)
 	if err != nil {
 		return err
 	}
@@ -276,13 +352,14 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if err := s.checkSize("result", result); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	s.sweepLocked(now, sweepPerOp)
-	rec := s.lookupLocked(key, now)
+	rec := s.lookupLocked(h, key, now)
 	switch {
-	case rec == nil || rec.token != token:
+	case rec == nil || rec.token() != token:
 		return lost(key)
 	case rec.state == idempotency.StateCompleted:
 		return nil // a repeated Complete that already landed
@@ -290,8 +367,8 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	rec.state = idempotency.StateCompleted
 	rec.result = clone(result)
 	rec.checkpoints = nil
-	rec.leaseEnd = time.Time{}
-	rec.expires = now.Add(retention)
+	rec.leaseEnd = 0
+	rec.expires = now.add(retention)
 	heap.Fix(&s.expiry, rec.heapIndex)
 	rec.notify()
 	return nil
@@ -303,15 +380,16 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	s.sweepLocked(now, sweepPerOp)
-	rec := s.lookupLocked(key, now)
+	rec := s.lookupLocked(h, key, now)
 	switch {
 	case rec == nil:
 		return nil
-	case rec.token != token || rec.state != idempotency.StateStarted:
+	case rec.token() != token || rec.state != idempotency.StateStarted:
 		return lost(key)
 	}
 	s.deleteLocked(rec)
@@ -328,7 +406,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sweepLocked(s.now(), limit), nil
+	return s.sweepLocked(s.clock(), limit), nil
 }
 
 // Watch blocks until the record under key may have changed: it completes,
@@ -343,14 +421,15 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
-	now := s.now()
-	rec := s.lookupLocked(key, now)
+	now := s.clock()
+	rec := s.lookupLocked(h, key, now)
 	if rec == nil || rec.state != idempotency.StateStarted {
 		s.mu.Unlock()
 		return nil
 	}
-	left := rec.leaseEnd.Sub(now)
+	left := rec.leaseEnd.sub(now)
 	if left <= 0 {
 		s.mu.Unlock()
 		return nil // the lease has ended: the waiter may take over
@@ -379,10 +458,11 @@ func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo
 	if err := ctx.Err(); err != nil {
 		return idempotency.RecordInfo{}, err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	rec := s.lookupLocked(key, now)
+	now := s.clock()
+	rec := s.lookupLocked(h, key, now)
 	if rec == nil {
 		return idempotency.RecordInfo{}, fmt.Errorf("%w: memory: %s", idempotency.ErrNotFound, truncate(key))
 	}
@@ -398,7 +478,7 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if rec := s.lookupLocked(key, s.now()); rec != nil {
+	if rec := s.lookupLocked(s.hash(key), key, s.clock()); rec != nil {
 		s.deleteLocked(rec)
 	}
 	return nil
@@ -416,41 +496,41 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	var keys []string
-	for k, rec := range s.records {
-		if k > cursor && rec.state == idempotency.StateStarted && !now.Before(rec.leaseEnd) && now.Before(rec.expires) {
-			keys = append(keys, k)
+	now := s.clock()
+	var stuck []*record
+	for _, rec := range s.expiry { // every record
+		if rec.key() > cursor && rec.state == idempotency.StateStarted && now >= rec.leaseEnd && now < rec.expires {
+			stuck = append(stuck, rec)
 		}
 	}
-	slices.Sort(keys)
+	slices.SortFunc(stuck, func(a, b *record) int { return strings.Compare(a.key(), b.key()) })
 	next := ""
-	if len(keys) > limit {
-		keys = keys[:limit]
-		next = keys[limit-1]
+	if len(stuck) > limit {
+		stuck = stuck[:limit]
+		next = stuck[limit-1].key()
 	}
-	infos := make([]idempotency.RecordInfo, len(keys))
-	for i, k := range keys {
-		infos[i] = s.records[k].info(now)
+	infos := make([]idempotency.RecordInfo, len(stuck))
+	for i, rec := range stuck {
+		infos[i] = rec.info(now)
 	}
 	return infos, next, nil
 }
 
 // info describes rec at now, with copies of its values.
-func (rec *record) info(now time.Time) idempotency.RecordInfo {
+func (rec *record) info(now instant) idempotency.RecordInfo {
 	info := idempotency.RecordInfo{
-		Key:         rec.key,
+		Key:         rec.key(),
 		State:       rec.state,
-		Fingerprint: rec.fingerprint,
+		Fingerprint: rec.fingerprint(),
 		Fence:       rec.fence,
 		Attempt:     rec.attempt,
-		ExpiresIn:   rec.expires.Sub(now),
+		ExpiresIn:   rec.expires.sub(now),
 		Result:      clone(rec.result),
 		ResultSize:  len(rec.result),
 		Checkpoints: cloneMap(rec.checkpoints),
 	}
 	if rec.state == idempotency.StateStarted {
-		info.LeaseLeft = max(rec.leaseEnd.Sub(now), 0)
+		info.LeaseLeft = max(rec.leaseEnd.sub(now), 0)
 	}
 	return info
 }
@@ -460,17 +540,36 @@ func (rec *record) info(now time.Time) idempotency.RecordInfo {
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.records)
+	return len(s.expiry)
+}
+
+// hash returns the hash of key by which records holds its record.
+func (s *Store) hash(key string) uint64 {
+	if s.hashKey != nil {
+		return s.hashKey(key)
+	}
+	return maphash.String(s.seed, key)
+}
+
+// getLocked returns the record under key, live or expired, or nil; h is
+// the key's hash. Called with mu held, for reading at least.
+func (s *Store) getLocked(h uint64, key string) *record {
+	rec := s.records[h]
+	for rec != nil && rec.key() != key {
+		rec = rec.next
+	}
+	return rec
 }
 
 // lookupLocked returns the live record under key, or nil when there is
-// none. An expired record found on the way is deleted.
-func (s *Store) lookupLocked(key string, now time.Time) *record {
-	rec := s.records[key]
+// none; h is the key's hash. An expired record found on the way is
+// deleted.
+func (s *Store) lookupLocked(h uint64, key string, now instant) *record {
+	rec := s.getLocked(h, key)
 	if rec == nil {
 		return nil
 	}
-	if !now.Before(rec.expires) {
+	if now >= rec.expires {
 		s.deleteLocked(rec)
 		return nil
 	}
@@ -479,9 +578,9 @@ func (s *Store) lookupLocked(key string, now time.Time) *record {
 
 // heldLocked returns the live STARTED record under key held under token,
 // or an error wrapping ErrLeaseLost.
-func (s *Store) heldLocked(key string, token idempotency.Token, now time.Time) (*record, error) {
-	rec := s.lookupLocked(key, now)
-	if rec == nil || rec.token != token || rec.state != idempotency.StateStarted {
+func (s *Store) heldLocked(h uint64, key string, token idempotency.Token, now instant) (*record, error) {
+	rec := s.lookupLocked(h, key, now)
+	if rec == nil || rec.token() != token || rec.state != idempotency.StateStarted {
 		return nil, lost(key)
 	}
 	return rec, nil
@@ -489,27 +588,41 @@ func (s *Store) heldLocked(key string, token idempotency.Token, now time.Time) (
 
 // leaseLocked sets rec's lease to end lease after now and its expiry grace
 // after that.
-func (s *Store) leaseLocked(rec *record, now time.Time, lease, grace time.Duration) {
-	rec.leaseEnd = now.Add(lease)
+func (s *Store) leaseLocked(rec *record, now instant, lease, grace time.Duration) {
+	rec.leaseEnd = now.add(lease)
 	rec.grace = grace
-	rec.expires = rec.leaseEnd.Add(grace)
+	rec.expires = rec.leaseEnd.add(grace)
 	if rec.heapIndex >= 0 {
 		heap.Fix(&s.expiry, rec.heapIndex)
 	}
 }
 
 func (s *Store) deleteLocked(rec *record) {
-	delete(s.records, rec.key)
+	if first := s.records[rec.hash]; first == rec {
+		if rec.next == nil {
+			delete(s.records, rec.hash)
+		} else {
+			s.records[rec.hash] = rec.next
+		}
+	} else {
+		for p := first; p != nil; p = p.next {
+			if p.next == rec {
+				p.next = rec.next
+				break
+			}
+		}
+	}
+	rec.next = nil
 	heap.Remove(&s.expiry, rec.heapIndex)
 	rec.notify()
 }
 
 // sweepLocked deletes up to limit expired records (limit <= 0: all).
-func (s *Store) sweepLocked(now time.Time, limit int) int {
+func (s *Store) sweepLocked(now instant, limit int) int {
 	n := 0
 	for len(s.expiry) > 0 && (limit <= 0 || n < limit) {
 		rec := s.expiry[0]
-		if now.Before(rec.expires) {
+		if now < rec.expires {
 			break
 		}
 		s.deleteLocked(rec)
@@ -571,7 +684,7 @@ func cloneMap(m map[string][]byte) map[string][]byte {
 type expiryHeap []*record
 
 func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
 func (h expiryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].heapIndex = i

@@ -29,6 +29,15 @@ func TestConformance(t *testing.T) {
 			return memory.New(&memory.Options{Now: clock.Now})
 		}, caps)
 	})
+	t.Run("colliding_hashes", func(t *testing.T) {
+		// Every key under one of two hashes: records share chains, which
+		// every operation must walk and unlink from correctly.
+		caps := caps
+		caps.ControlledClock = true
+		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
+			return memory.NewWithHash(&memory.Options{Now: clock.Now}, func(key string) uint64 { return uint64(len(key) % 2) })
+		}, caps)
+	})
 	t.Run("real_time", func(t *testing.T) {
 		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
 			return memory.New(nil)

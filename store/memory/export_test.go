@@ -1,0 +1,9 @@
+package memory
+
+// NewWithHash returns a store that places keys by hash instead of by a
+// seeded maphash, so that a test can make keys collide.
+func NewWithHash(opts *Options, hash func(key string) uint64) *Store {
+	s := New(opts)
+	s.hashKey = hash
+	return s
+}
