@@ -20,24 +20,24 @@ type holder struct {
 	scope     []string // the request's scope parts, for events
 	clientKey string
 	token     Token
+	fence     int64
+	attempt   int
+	cancel    context.CancelCauseFunc
+	after     boundedCtx // the context of the store calls after fn
+	// afterAttempt is the context of the first attempt of the store call
+	// after fn (Complete or Release), which is made once.
+	afterAttempt boundedCtx
+
+	// The flags side by side, and next to mu, to keep the holder small.
 	// leaveOnPanic: a panic in fn leaves the record for its lease to run
 	// out instead of releasing it (the reconciler: a release would let a
 	// retry run the effect again when it may have happened).
-	leaveOnPanic bool
-	fence        int64
-	attempt      int
-	cancel       context.CancelCauseFunc
-	after        boundedCtx // the context of the store calls after fn
-	// afterAttempt is the context of the first attempt of the store call
-	// after fn (Complete or Release), which is made once.
-	afterAttempt     boundedCtx
+	leaveOnPanic     bool
 	afterAttemptUsed bool
-
-	mu      sync.Mutex
-	points  map[string][]byte // recovery points: handed over, then made here
-	stopped bool
-	lost    bool // the heartbeat lost the lease and canceled fn
-	hbCtx   context.Context
+	stopped          bool // guarded by mu
+	lost             bool // guarded by mu: the heartbeat lost the lease and canceled fn
+	mu               sync.Mutex
+	points           map[string][]byte // recovery points: handed over, then made here
 	// next is when the next renewal is due, and index the holder's place
 	// in its runner's heartbeat queue (-1: not queued). Guarded by the
 	// queue's lock.
@@ -69,10 +69,11 @@ func holderFrom(ctx context.Context) *holder {
 }
 
 // startHeartbeat renews the lease every third of its length, through the
-// runner's heartbeat schedule, until stopHeartbeat.
-func (h *holder) startHeartbeat(ctx context.Context, claimed mono) {
+// runner's heartbeat schedule, until stopHeartbeat. The renewals and
+// their events get the holder as their context: fn's values, not its
+// cancellation.
+func (h *holder) startHeartbeat(claimed mono) {
 	h.mu.Lock()
-	h.hbCtx = ctx
 	h.renewed = claimed
 	h.next = claimed.add(h.r.cfg.lease / 3)
 	h.index = -1
@@ -117,7 +118,7 @@ func (h *holder) beat() {
 	// black-holed network, a driver without timeouts) must not keep fn
 	// running into a taker-over's lease, so fn is stopped at stopBy even
 	// while the renewal is still under way.
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(h.hbCtx), stopBy.time())
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(h), stopBy.time())
 	defer cancel()
 	stopWatch := context.AfterFunc(rctx, func() {
 		if !errors.Is(rctx.Err(), context.DeadlineExceeded) {
@@ -160,7 +161,7 @@ func (h *holder) beat() {
 		}
 		// Try again soon, while there is time left.
 		interval = max(min(interval, left/2), time.Millisecond)
-		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: sent.since(), Err: err})
+		r.observe(h, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: sent.since(), Err: err})
 	}
 	h.next = next.add(interval)
 	h.mu.Unlock()
@@ -178,7 +179,7 @@ func (h *holder) lose(err error) {
 	}
 	h.lost = true
 	h.mu.Unlock()
-	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
+	h.r.observe(h, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
 	h.cancel(ErrLeaseLost)
 }
 

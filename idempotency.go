@@ -306,7 +306,7 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 	fnCtx, cancel := context.WithCancelCause(h)
 	h.cancel = cancel
 	defer cancel(nil)
-	h.startHeartbeat(fnCtx, claimed)
+	h.startHeartbeat(claimed)
 
 	// The store calls after fn must happen even when the caller's context
 	// is canceled (a Complete cut short would leave the key to be taken
