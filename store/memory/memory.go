@@ -7,7 +7,8 @@
 // injectable clock ([Options.Now]), so tests can move time forward instead
 // of sleeping. Expired records are invisible to every operation, and every
 // operation also deletes up to four expired records (the soonest expired
-// first, from a heap ordered by expiry), so memory stays bounded by the
+// first: completed records wait in a queue in the order they expire, the
+// others in a heap), so memory stays bounded by the
 // live records in a long-running process without a background goroutine,
 // a Close method or calls to [Store.Sweep]. Fences come from one counter
 // for the whole store, so a key's fence strictly increases across
@@ -41,6 +42,12 @@ const DefaultMaxValueSize = 4 << 20
 // Each operation creates at most one record, so deleting more than one
 // expired record per operation keeps the expired backlog shrinking.
 const sweepPerOp = 4
+
+// staleSweepPerOp is how many entries of deleted records an operation
+// drops at most from the queue of completed records. An operation
+// deletes at most sweepPerOp+1 records, so dropping more keeps that
+// backlog shrinking too.
+const staleSweepPerOp = 4 * sweepPerOp
 
 // Options configures a [Store]. The zero value (or a nil *Options) gives
 // the defaults.
@@ -81,8 +88,16 @@ type Store struct {
 	// move when the map grows, each time reading the key's bytes, a cache
 	// miss in a large store.
 	records map[uint64]*record
-	expiry  expiryHeap // every record of records, soonest expiry first
-	fence   int64      // last fence handed out, store-wide
+	// Every record is in expiry or in done, which give the soonest to
+	// expire. done holds COMPLETED records in the order they expire:
+	// when every Complete asks for the same retention, as a runner does,
+	// each completed record joins its end, at no cost but an append,
+	// instead of walking down a heap of all records; a completion that
+	// would expire before the last in done goes to expiry.
+	expiry expiryHeap // STARTED records, and COMPLETED ones out of order
+	done   fifo
+	count  int   // records in records
+	fence  int64 // last fence handed out, store-wide
 }
 
 // record is one key's record. Byte slices in it are owned by the store:
@@ -106,7 +121,8 @@ type record struct {
 	leaseEnd  instant // STARTED only
 	grace     time.Duration
 	expires   instant // the record is absent from this instant on
-	heapIndex int
+	heapIndex int     // in expiry; -1 when not there
+	deleted   bool    // no longer in records: its entry in done is stale
 	// checkpoints and changed are nil for most records.
 	checkpoints map[string][]byte
 	result      []byte
@@ -211,7 +227,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	s.sweepLocked(now, sweepPerOp)
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
 
 	rec := s.lookupLocked(h, r.Key, now)
 	if rec == nil {
@@ -226,6 +242,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
 		rec.hash, rec.next = h, s.records[h]
 		s.records[h] = rec
+		s.count++
 		heap.Push(&s.expiry, rec)
 		return idempotency.ClaimResult{
 			Outcome: idempotency.OutcomeAcquired,
@@ -305,7 +322,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	s.sweepLocked(now, sweepPerOp)
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
 	rec, err := s.heldLocked(h, key, token, now)
 	if err != nil {
 		return err
@@ -327,7 +344,7 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	s.sweepLocked(now, sweepPerOp)
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
 	rec, err := s.heldLocked(h, key, token, now)
 	if err != nil {
 		return err
@@ -356,7 +373,7 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	s.sweepLocked(now, sweepPerOp)
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
 	rec := s.lookupLocked(h, key, now)
 	switch {
 	case rec == nil || rec.token() != token:
@@ -369,7 +386,12 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	rec.checkpoints = nil
 	rec.leaseEnd = 0
 	rec.expires = now.add(retention)
-	heap.Fix(&s.expiry, rec.heapIndex)
+	if s.done.fits(rec.expires) {
+		heap.Remove(&s.expiry, rec.heapIndex)
+		s.done.push(rec)
+	} else {
+		heap.Fix(&s.expiry, rec.heapIndex)
+	}
 	rec.notify()
 	return nil
 }
@@ -384,7 +406,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	s.sweepLocked(now, sweepPerOp)
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
 	rec := s.lookupLocked(h, key, now)
 	switch {
 	case rec == nil:
@@ -406,7 +428,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sweepLocked(s.clock(), limit), nil
+	return s.sweepLocked(s.clock(), limit, 0), nil
 }
 
 // Watch blocks until the record under key may have changed: it completes,
@@ -498,7 +520,7 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 	defer s.mu.Unlock()
 	now := s.clock()
 	var stuck []*record
-	for _, rec := range s.expiry { // every record
+	for _, rec := range s.expiry { // every STARTED record
 		if rec.key() > cursor && rec.state == idempotency.StateStarted && now >= rec.leaseEnd && now < rec.expires {
 			stuck = append(stuck, rec)
 		}
@@ -540,7 +562,7 @@ func (rec *record) info(now instant) idempotency.RecordInfo {
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.expiry)
+	return s.count
 }
 
 // hash returns the hash of key by which records holds its record.
@@ -613,22 +635,106 @@ func (s *Store) deleteLocked(rec *record) {
 		}
 	}
 	rec.next = nil
-	heap.Remove(&s.expiry, rec.heapIndex)
+	if rec.heapIndex >= 0 {
+		heap.Remove(&s.expiry, rec.heapIndex)
+	} // else its entry in done is dropped when it comes up
+	rec.deleted = true
+	s.count--
 	rec.notify()
 }
 
-// sweepLocked deletes up to limit expired records (limit <= 0: all).
-func (s *Store) sweepLocked(now instant, limit int) int {
-	n := 0
-	for len(s.expiry) > 0 && (limit <= 0 || n < limit) {
-		rec := s.expiry[0]
-		if now < rec.expires {
-			break
+// sweepLocked deletes up to limit expired records (limit <= 0: all), the
+// soonest expired first. It drops the entries of deleted records it finds
+// on the way in done, up to stale of them (stale <= 0: all).
+func (s *Store) sweepLocked(now instant, limit, stale int) int {
+	n, dropped := 0, 0
+	for limit <= 0 || n < limit {
+		var rec *record
+		switch first, ok := s.done.first(); {
+		case ok && (len(s.expiry) == 0 || first.at <= s.expiry[0].expires):
+			if now < first.at {
+				return n
+			}
+			s.done.pop()
+			if first.rec.deleted {
+				if dropped++; stale > 0 && dropped >= stale {
+					return n
+				}
+				continue
+			}
+			rec = first.rec
+		case len(s.expiry) > 0 && now >= s.expiry[0].expires:
+			rec = s.expiry[0]
+		default:
+			return n
 		}
 		s.deleteLocked(rec)
 		n++
 	}
 	return n
+}
+
+// fifo is a queue of records, which done keeps in the order they expire:
+// a list of chunks, so that it grows without copying and gives memory
+// back as its head moves on. Each entry holds its record's expiry, so
+// that the queue is read without reading a record.
+type fifo struct {
+	head, tail *fifoChunk
+	next       int // head.entries[next] is the first entry
+	len        int
+}
+
+type fifoChunk struct {
+	entries [256]fifoEntry
+	n       int // entries used
+	next    *fifoChunk
+}
+
+type fifoEntry struct {
+	at  instant // rec.expires, which does not change once completed
+	rec *record
+}
+
+// fits reports whether a record expiring at can join the end of the queue
+// without breaking its order.
+func (q *fifo) fits(at instant) bool {
+	return q.len == 0 || q.tail.entries[q.tail.n-1].at <= at
+}
+
+func (q *fifo) push(rec *record) {
+	if q.tail == nil || q.tail.n == len(q.tail.entries) {
+		c := new(fifoChunk)
+		if q.tail == nil {
+			q.head, q.next = c, 0
+		} else {
+			q.tail.next = c
+		}
+		q.tail = c
+	}
+	q.tail.entries[q.tail.n] = fifoEntry{rec.expires, rec}
+	q.tail.n++
+	q.len++
+}
+
+// first returns the entry at the head, if any.
+func (q *fifo) first() (fifoEntry, bool) {
+	if q.len == 0 {
+		return fifoEntry{}, false
+	}
+	return q.head.entries[q.next], true
+}
+
+// pop removes the head entry; the queue must not be empty.
+func (q *fifo) pop() {
+	q.head.entries[q.next] = fifoEntry{}
+	q.next++
+	q.len--
+	switch {
+	case q.len == 0: // head is tail: use it again from its start
+		q.head.n, q.next = 0, 0
+	case q.next == len(q.head.entries):
+		q.head, q.next = q.head.next, 0
+	}
 }
 
 func (s *Store) checkSize(what string, b []byte) error {
