@@ -479,7 +479,7 @@ func errBodyTooLarge(limit int64) error {
 // library); a body that is not valid JSON counts as raw bytes, so the
 // handler, not the middleware, decides how to reject it.
 func DefaultFingerprint(r *http.Request, body []byte) (idempotency.Fingerprint, error) {
-	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
+	if len(body) > 0 && isJSON(contentType(r.Header)) {
 		if fp, err := idempotency.FingerprintJSON(body); err == nil {
 			return idempotency.FingerprintParts(r.Method, r.URL.Path, sortedQuery(r), "json", string(fp)), nil
 		}
@@ -506,6 +506,15 @@ func sortedQuery(r *http.Request) string {
 		}
 	}
 	return query
+}
+
+// contentType is h.Get("Content-Type") without canonicalizing a name
+// that already is.
+func contentType(h http.Header) string {
+	if v := h["Content-Type"]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // isJSON reports whether a Content-Type is application/json or a +json
