@@ -87,7 +87,9 @@ func Stored(status int) bool {
 // handler's effects with those and with downstream keys
 // ([idempotency.DownstreamKey]) so that a second run does not repeat them.
 // A response larger than the stored limit ([WithMaxResponseSize]) is
-// streamed to its client instead, and only a marker is stored.
+// streamed to its client instead, and only a marker is stored. As net/http
+// requires, the handler must not use its ResponseWriter once it has
+// returned: a write after that fails, and reaches no response.
 //
 // The handler runs with the request's context wrapped by the runner:
 // [idempotency.FromContext], [idempotency.DownstreamKey] and
