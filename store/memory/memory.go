@@ -115,13 +115,13 @@ type record struct {
 	fpLen     int32
 	hash      uint64  // of the key, by which records holds it
 	next      *record // the next record of the same hash; nil but for a collision
-	state     idempotency.State
 	fence     int64
 	attempt   int
 	leaseEnd  instant // STARTED only
 	grace     time.Duration
 	expires   instant // the record is absent from this instant on
-	heapIndex int     // in expiry; -1 when not there
+	heapIndex int32   // in expiry; -1 when not there
+	completed bool    // COMPLETED; else STARTED
 	deleted   bool    // no longer in records: its entry in done is stale
 	// checkpoints and changed are nil for most records.
 	checkpoints map[string][]byte
@@ -147,6 +147,13 @@ func (i instant) add(d time.Duration) instant {
 func (i instant) sub(j instant) time.Duration { return time.Duration(i - j) }
 
 func (rec *record) key() string { return rec.ids[:rec.keyLen] }
+
+func (rec *record) stateOf() idempotency.State {
+	if rec.completed {
+		return idempotency.StateCompleted
+	}
+	return idempotency.StateStarted
+}
 
 func (rec *record) fingerprint() idempotency.Fingerprint {
 	return idempotency.Fingerprint(rec.ids[rec.keyLen : rec.keyLen+rec.fpLen])
@@ -233,7 +240,6 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if rec == nil {
 		s.fence++
 		rec = &record{
-			state:     idempotency.StateStarted,
 			fence:     s.fence,
 			attempt:   1,
 			heapIndex: -1,
@@ -255,7 +261,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	switch {
 	case rec.fingerprint() != r.Fingerprint:
 		res.Outcome = idempotency.OutcomeMismatch
-	case rec.state == idempotency.StateCompleted:
+	case rec.completed:
 		res.Outcome = idempotency.OutcomeReplay
 		res.Result = clone(rec.result)
 	case rec.token() == r.Token:
@@ -297,7 +303,7 @@ func (s *Store) replay(h uint64, r idempotency.ClaimRequest) (idempotency.ClaimR
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	rec := s.getLocked(h, r.Key)
-	if rec == nil || rec.state != idempotency.StateCompleted || rec.fingerprint() != r.Fingerprint ||
+	if rec == nil || !rec.completed || rec.fingerprint() != r.Fingerprint ||
 		s.clock() >= rec.expires {
 		return idempotency.ClaimResult{}, false
 	}
@@ -378,19 +384,19 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	switch {
 	case rec == nil || rec.token() != token:
 		return lost(key)
-	case rec.state == idempotency.StateCompleted:
+	case rec.completed:
 		return nil // a repeated Complete that already landed
 	}
-	rec.state = idempotency.StateCompleted
+	rec.completed = true
 	rec.result = clone(result)
 	rec.checkpoints = nil
 	rec.leaseEnd = 0
 	rec.expires = now.add(retention)
 	if s.done.fits(rec.expires) {
-		heap.Remove(&s.expiry, rec.heapIndex)
+		heap.Remove(&s.expiry, int(rec.heapIndex))
 		s.done.push(rec)
 	} else {
-		heap.Fix(&s.expiry, rec.heapIndex)
+		heap.Fix(&s.expiry, int(rec.heapIndex))
 	}
 	rec.notify()
 	return nil
@@ -411,7 +417,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	switch {
 	case rec == nil:
 		return nil
-	case rec.token() != token || rec.state != idempotency.StateStarted:
+	case rec.token() != token || rec.completed:
 		return lost(key)
 	}
 	s.deleteLocked(rec)
@@ -447,7 +453,7 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 	s.mu.Lock()
 	now := s.clock()
 	rec := s.lookupLocked(h, key, now)
-	if rec == nil || rec.state != idempotency.StateStarted {
+	if rec == nil || rec.completed {
 		s.mu.Unlock()
 		return nil
 	}
@@ -521,7 +527,7 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 	now := s.clock()
 	var stuck []*record
 	for _, rec := range s.expiry { // every STARTED record
-		if rec.key() > cursor && rec.state == idempotency.StateStarted && now >= rec.leaseEnd && now < rec.expires {
+		if rec.key() > cursor && !rec.completed && now >= rec.leaseEnd && now < rec.expires {
 			stuck = append(stuck, rec)
 		}
 	}
@@ -542,7 +548,7 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 func (rec *record) info(now instant) idempotency.RecordInfo {
 	info := idempotency.RecordInfo{
 		Key:         rec.key(),
-		State:       rec.state,
+		State:       rec.stateOf(),
 		Fingerprint: rec.fingerprint(),
 		Fence:       rec.fence,
 		Attempt:     rec.attempt,
@@ -551,7 +557,7 @@ func (rec *record) info(now instant) idempotency.RecordInfo {
 		ResultSize:  len(rec.result),
 		Checkpoints: cloneMap(rec.checkpoints),
 	}
-	if rec.state == idempotency.StateStarted {
+	if !rec.completed {
 		info.LeaseLeft = max(rec.leaseEnd.sub(now), 0)
 	}
 	return info
@@ -602,7 +608,7 @@ func (s *Store) lookupLocked(h uint64, key string, now instant) *record {
 // or an error wrapping ErrLeaseLost.
 func (s *Store) heldLocked(h uint64, key string, token idempotency.Token, now instant) (*record, error) {
 	rec := s.lookupLocked(h, key, now)
-	if rec == nil || rec.token() != token || rec.state != idempotency.StateStarted {
+	if rec == nil || rec.token() != token || rec.completed {
 		return nil, lost(key)
 	}
 	return rec, nil
@@ -615,7 +621,7 @@ func (s *Store) leaseLocked(rec *record, now instant, lease, grace time.Duration
 	rec.grace = grace
 	rec.expires = rec.leaseEnd.add(grace)
 	if rec.heapIndex >= 0 {
-		heap.Fix(&s.expiry, rec.heapIndex)
+		heap.Fix(&s.expiry, int(rec.heapIndex))
 	}
 }
 
@@ -636,7 +642,7 @@ func (s *Store) deleteLocked(rec *record) {
 	}
 	rec.next = nil
 	if rec.heapIndex >= 0 {
-		heap.Remove(&s.expiry, rec.heapIndex)
+		heap.Remove(&s.expiry, int(rec.heapIndex))
 	} // else its entry in done is dropped when it comes up
 	rec.deleted = true
 	s.count--
@@ -793,13 +799,13 @@ func (h expiryHeap) Len() int           { return len(h) }
 func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
 func (h expiryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].heapIndex = i
-	h[j].heapIndex = j
+	h[i].heapIndex = int32(i)
+	h[j].heapIndex = int32(j)
 }
 
 func (h *expiryHeap) Push(x any) {
 	rec := x.(*record)
-	rec.heapIndex = len(*h)
+	rec.heapIndex = int32(len(*h))
 	*h = append(*h, rec)
 }
 
