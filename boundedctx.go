@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 )
@@ -28,17 +29,55 @@ import (
 // boundedCtx that ended by its own deadline is the cause of the context
 // it inherits from (nil while that one is live), since Cause looks for the
 // nearest context of the standard library's own type.
+//
+// It is small (72 bytes) because the holder of every Do carries two: the
+// deadline is a reading of the monotonic clock, and what only Done needs
+// is allocated by Done.
 type boundedCtx struct {
 	values   context.Context // for Value
 	cancel   context.Context // whose cancellation it inherits; nil for none
-	deadline time.Time
+	deadline mono
 
-	mu     sync.Mutex
-	done   chan struct{} // made by the first Done
-	err    error         // set once the context ended (or stop was called)
+	mu  sync.Mutex
+	err error      // set once the context ended (or stop was called)
+	ch  *doneState // made by the first Done
+}
+
+// doneState is what a boundedCtx needs once Done was asked for.
+type doneState struct {
+	done   chan struct{}
 	timer  *time.Timer
 	unwait func() bool // stops the context.AfterFunc on cancel
 	afters []*afterFunc
+}
+
+// mono is a reading of the monotonic clock: nanoseconds since monoBase.
+// Reading it costs about half of time.Now, which also reads the wall
+// clock.
+type mono int64
+
+var monoBase = time.Now()
+
+func monoNow() mono { return mono(time.Since(monoBase)) }
+
+// monoOf returns t as a mono, saturating far from now.
+func monoOf(t time.Time) mono { return mono(t.Sub(monoBase)) }
+
+// since returns the time elapsed since m.
+func (m mono) since() time.Duration { return time.Duration(monoNow() - m) }
+
+// time returns m as a time with a monotonic reading.
+func (m mono) time() time.Time { return monoBase.Add(time.Duration(m)) }
+
+// add returns m plus d, saturating instead of overflowing.
+func (m mono) add(d time.Duration) mono {
+	if d > 0 && m > math.MaxInt64-mono(d) {
+		return math.MaxInt64
+	}
+	if d < 0 && m < math.MinInt64-mono(d) {
+		return math.MinInt64
+	}
+	return m + mono(d)
 }
 
 // afterFunc is a function registered by AfterFunc, the hook through which
@@ -51,68 +90,73 @@ type afterFunc struct {
 // newBoundedCtx returns a context with parent's values, not its
 // cancellation, that ends d from now.
 func newBoundedCtx(parent context.Context, d time.Duration) *boundedCtx {
-	return &boundedCtx{values: parent, deadline: time.Now().Add(d)}
+	return &boundedCtx{values: parent, deadline: monoNow().add(d)}
 }
 
 // withAttemptTimeout returns ctx bounded by d from now: it ends when ctx
 // does or at the deadline, whichever is first. Over a boundedCtx it makes
 // a flat copy with the earlier deadline rather than a chain.
 func withAttemptTimeout(ctx context.Context, d time.Duration) *boundedCtx {
-	deadline := time.Now().Add(d)
+	return new(boundedCtx).initAttempt(ctx, d)
+}
+
+// initAttempt makes c, which must be unused, what withAttemptTimeout
+// returns, and returns it: c may live inside a larger object.
+func (c *boundedCtx) initAttempt(ctx context.Context, d time.Duration) *boundedCtx {
+	deadline := monoNow().add(d)
 	if p, ok := ctx.(*boundedCtx); ok {
-		if p.deadline.Before(deadline) {
-			deadline = p.deadline
-		}
-		c := &boundedCtx{values: p.values, cancel: p.cancel, deadline: deadline}
+		deadline = min(deadline, p.deadline)
+		c.values, c.cancel, c.deadline = p.values, p.cancel, deadline
 		p.mu.Lock()
 		c.err = p.err // already ended: so is the copy
 		p.mu.Unlock()
 		return c
 	}
-	if pd, ok := ctx.Deadline(); ok && pd.Before(deadline) {
-		deadline = pd
+	if pd, ok := ctx.Deadline(); ok {
+		deadline = min(deadline, monoOf(pd))
 	}
-	c := &boundedCtx{values: ctx, deadline: deadline}
+	c.values, c.deadline = ctx, deadline
 	if ctx.Done() != nil {
 		c.cancel = ctx
 	}
 	return c
 }
 
-func (c *boundedCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *boundedCtx) Deadline() (time.Time, bool) { return c.deadline.time(), true }
 
 func (c *boundedCtx) Value(key any) any { return c.values.Value(key) }
 
 func (c *boundedCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done != nil {
-		return c.done
+	if c.ch != nil {
+		return c.ch.done
 	}
-	c.done = make(chan struct{})
+	c.ch = &doneState{done: make(chan struct{})}
 	if c.err == nil && c.cancel != nil {
 		c.err = c.cancel.Err()
 	}
-	if c.err == nil && time.Until(c.deadline) <= 0 {
+	left := time.Duration(c.deadline - monoNow())
+	if c.err == nil && left <= 0 {
 		c.err = context.DeadlineExceeded
 	}
 	if c.err != nil {
-		close(c.done)
-		return c.done
+		close(c.ch.done)
+		return c.ch.done
 	}
-	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+	c.ch.timer = time.AfterFunc(left, func() { c.end(context.DeadlineExceeded) })
 	if c.cancel != nil {
 		parent := c.cancel
-		c.unwait = context.AfterFunc(parent, func() { c.end(parent.Err()) })
+		c.ch.unwait = context.AfterFunc(parent, func() { c.end(parent.Err()) })
 	}
-	return c.done
+	return c.ch.done
 }
 
 // Err is consistent with Done once Done has been asked for; before that,
 // nobody can observe Done, and the inherited context and the clock decide.
 func (c *boundedCtx) Err() error {
 	c.mu.Lock()
-	err, made := c.err, c.done != nil
+	err, made := c.err, c.ch != nil
 	c.mu.Unlock()
 	if err != nil || made {
 		return err
@@ -122,8 +166,7 @@ func (c *boundedCtx) Err() error {
 			return err
 		}
 	}
-	// time.Until reads only the monotonic clock: half the cost of Now.
-	if time.Until(c.deadline) <= 0 {
+	if monoNow() >= c.deadline {
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -141,7 +184,7 @@ func (c *boundedCtx) AfterFunc(f func()) (stop func() bool) {
 		return func() bool { return false }
 	}
 	a := &afterFunc{f: f}
-	c.afters = append(c.afters, a)
+	c.ch.afters = append(c.ch.afters, a)
 	return func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -158,24 +201,28 @@ func (c *boundedCtx) AfterFunc(f func()) (stop func() bool) {
 func (c *boundedCtx) end(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	ch := c.ch
 	if c.err == nil {
 		c.err = err
-		if c.done != nil {
-			close(c.done)
-		}
-		for _, a := range c.afters {
-			if !a.removed {
-				a.removed = true
-				go a.f()
+		if ch != nil {
+			close(ch.done)
+			for _, a := range ch.afters {
+				if !a.removed {
+					a.removed = true
+					go a.f()
+				}
 			}
+			ch.afters = nil
 		}
-		c.afters = nil
 	}
-	if c.timer != nil {
-		c.timer.Stop()
+	if ch == nil {
+		return
 	}
-	if c.unwait != nil {
-		c.unwait()
+	if ch.timer != nil {
+		ch.timer.Stop()
+	}
+	if ch.unwait != nil {
+		ch.unwait()
 	}
 }
 

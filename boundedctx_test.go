@@ -85,8 +85,8 @@ func TestAttemptCtx(t *testing.T) {
 	b := newBoundedCtx(parent, 30*time.Millisecond)
 	c := withAttemptTimeout(b, time.Minute)
 	cancel()
-	if d, _ := c.Deadline(); !d.Equal(b.deadline) || c.Err() != nil {
-		t.Fatalf("deadline %v (want %v), Err %v", d, b.deadline, c.Err())
+	if d, _ := c.Deadline(); !d.Equal(b.deadline.time()) || c.Err() != nil {
+		t.Fatalf("deadline %v (want %v), Err %v", d, b.deadline.time(), c.Err())
 	}
 	child, ccancel := context.WithCancel(c)
 	defer ccancel()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/gowebpki/jcs"
+
+	"github.com/exactlyonce/idempotency/internal/fphook"
 )
 
 // Fingerprint identifies the request a key was first used with, so that a
@@ -72,10 +74,45 @@ func FingerprintParts(parts ...string) Fingerprint {
 	return hashFingerprint(sha256.Sum256(b))
 }
 
+const fingerprintPrefix = "sha256:"
+
+// fingerprintBuf holds a fingerprint of the helpers above.
+type fingerprintBuf [len(fingerprintPrefix) + 2*sha256.Size]byte
+
 func hashFingerprint(sum [sha256.Size]byte) Fingerprint {
-	const prefix = "sha256:"
-	var buf [len(prefix) + 2*sha256.Size]byte
-	copy(buf[:], prefix)
-	hex.Encode(buf[len(prefix):], sum[:])
+	var buf fingerprintBuf
+	formatFingerprint(&buf, sum)
 	return Fingerprint(buf[:])
+}
+
+func formatFingerprint(buf *fingerprintBuf, sum [sha256.Size]byte) {
+	copy(buf[:], fingerprintPrefix)
+	hex.Encode(buf[len(fingerprintPrefix):], sum[:])
+}
+
+func init() { fphook.JSONRequest = jsonRequestFingerprint }
+
+// jsonRequestFingerprint is [fphook.JSONRequest]: FingerprintParts of the
+// request's parts and FingerprintJSON of its body, with that inner
+// fingerprint on the stack.
+func jsonRequestFingerprint(method, path, query string, body []byte) (string, bool) {
+	var inner fingerprintBuf
+	if start, end, ok := canonicalSpan(body); ok {
+		formatFingerprint(&inner, sha256.Sum256(body[start:end]))
+	} else {
+		canon, err := jcs.Transform(body)
+		if err != nil {
+			return "", false
+		}
+		formatFingerprint(&inner, sha256.Sum256(canon))
+	}
+	var stack [512]byte
+	b := stack[:0]
+	for _, p := range [...]string{method, path, query, "json"} {
+		b = appendLenPrefix(b, len(p))
+		b = append(b, p...)
+	}
+	b = appendLenPrefix(b, len(inner))
+	b = append(b, inner[:]...)
+	return string(hashFingerprint(sha256.Sum256(b))), true
 }

@@ -16,7 +16,7 @@ type heartbeats struct {
 	mu    sync.Mutex
 	queue beatQueue
 	timer *time.Timer // made on first use, then Reset
-	armed time.Time   // when timer fires; zero when it is not armed
+	armed mono        // when timer fires; zero when it is not armed
 }
 
 // schedule queues h's next renewal at h.next. It reschedules the timer
@@ -26,7 +26,7 @@ func (hb *heartbeats) schedule(h *holder) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	heap.Push(&hb.queue, h)
-	if hb.armed.IsZero() || h.next.Before(hb.armed) {
+	if hb.armed == 0 || h.next < hb.armed {
 		hb.arm(h.next)
 	}
 }
@@ -43,8 +43,8 @@ func (hb *heartbeats) unschedule(h *holder) {
 }
 
 // arm makes the timer fire at t. Called with mu held.
-func (hb *heartbeats) arm(t time.Time) {
-	d := time.Until(t)
+func (hb *heartbeats) arm(t mono) {
+	d := time.Duration(t - monoNow())
 	if hb.timer == nil {
 		hb.timer = time.AfterFunc(d, hb.fire)
 	} else {
@@ -57,9 +57,9 @@ func (hb *heartbeats) arm(t time.Time) {
 func (hb *heartbeats) fire() {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	hb.armed = time.Time{}
-	now := time.Now()
-	for len(hb.queue) > 0 && !hb.queue[0].next.After(now) {
+	hb.armed = 0
+	now := monoNow()
+	for len(hb.queue) > 0 && hb.queue[0].next <= now {
 		h := heap.Pop(&hb.queue).(*holder)
 		go h.beat() // it schedules its next renewal itself
 	}
@@ -72,7 +72,7 @@ func (hb *heartbeats) fire() {
 type beatQueue []*holder
 
 func (q beatQueue) Len() int           { return len(q) }
-func (q beatQueue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
+func (q beatQueue) Less(i, j int) bool { return q[i].next < q[j].next }
 func (q beatQueue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
 	q[i].index = i

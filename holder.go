@@ -20,28 +20,32 @@ type holder struct {
 	scope     []string // the request's scope parts, for events
 	clientKey string
 	token     Token
+	fence     int64
+	attempt   int
+	cancel    context.CancelCauseFunc
+	after     boundedCtx // the context of the store calls after fn
+	// afterAttempt is the context of the first attempt of the store call
+	// after fn (Complete or Release), which is made once.
+	afterAttempt boundedCtx
+
+	// The flags side by side, and next to mu, to keep the holder small.
 	// leaveOnPanic: a panic in fn leaves the record for its lease to run
 	// out instead of releasing it (the reconciler: a release would let a
 	// retry run the effect again when it may have happened).
-	leaveOnPanic bool
-	fence        int64
-	attempt      int
-	cancel       context.CancelCauseFunc
-	after        boundedCtx // the context of the store calls after fn
-
-	mu      sync.Mutex
-	points  map[string][]byte // recovery points: handed over, then made here
-	stopped bool
-	lost    bool // the heartbeat lost the lease and canceled fn
-	hbCtx   context.Context
+	leaveOnPanic     bool
+	afterAttemptUsed bool
+	stopped          bool // guarded by mu
+	lost             bool // guarded by mu: the heartbeat lost the lease and canceled fn
+	mu               sync.Mutex
+	points           map[string][]byte // recovery points: handed over, then made here
 	// next is when the next renewal is due, and index the holder's place
 	// in its runner's heartbeat queue (-1: not queued). Guarded by the
 	// queue's lock.
-	next  time.Time
+	next  mono
 	index int
 	// renewed is when the last successful renewal (or the claim) was
 	// sent: the lease surely lasts until renewed+lease.
-	renewed time.Time
+	renewed mono
 }
 
 type holderKey struct{}
@@ -65,12 +69,13 @@ func holderFrom(ctx context.Context) *holder {
 }
 
 // startHeartbeat renews the lease every third of its length, through the
-// runner's heartbeat schedule, until stopHeartbeat.
-func (h *holder) startHeartbeat(ctx context.Context, claimed time.Time) {
+// runner's heartbeat schedule, until stopHeartbeat. The renewals and
+// their events get the holder as their context: fn's values, not its
+// cancellation.
+func (h *holder) startHeartbeat(claimed mono) {
 	h.mu.Lock()
-	h.hbCtx = ctx
 	h.renewed = claimed
-	h.next = claimed.Add(h.r.cfg.lease / 3)
+	h.next = claimed.add(h.r.cfg.lease / 3)
 	h.index = -1
 	h.mu.Unlock()
 	h.r.heartbeats.schedule(h)
@@ -92,9 +97,9 @@ var errNotRenewed = errors.New("idempotency: the lease could not be renewed befo
 // tenth of the lease before the lease can end by the store's clock, which
 // is no earlier than the sending of the last successful renewal plus the
 // lease. Called with mu held.
-func (h *holder) stopBy() time.Time {
+func (h *holder) stopBy() mono {
 	lease := h.r.cfg.lease
-	return h.renewed.Add(lease - lease/10)
+	return h.renewed.add(lease - lease/10)
 }
 
 func (h *holder) beat() {
@@ -113,7 +118,7 @@ func (h *holder) beat() {
 	// black-holed network, a driver without timeouts) must not keep fn
 	// running into a taker-over's lease, so fn is stopped at stopBy even
 	// while the renewal is still under way.
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(h.hbCtx), stopBy)
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(h), stopBy.time())
 	defer cancel()
 	stopWatch := context.AfterFunc(rctx, func() {
 		if !errors.Is(rctx.Err(), context.DeadlineExceeded) {
@@ -121,7 +126,7 @@ func (h *holder) beat() {
 		}
 		h.lose(errNotRenewed)
 	})
-	sent := time.Now()
+	sent := monoNow()
 	err := r.retry(rctx, func(ctx context.Context) error {
 		return r.store.Renew(ctx, h.key, h.token, r.cfg.lease)
 	})
@@ -135,7 +140,7 @@ func (h *holder) beat() {
 		return
 	}
 	interval := r.cfg.lease / 3
-	next := time.Now()
+	next := monoNow()
 	switch {
 	case err == nil:
 		h.renewed = sent
@@ -148,7 +153,7 @@ func (h *holder) beat() {
 		h.lose(err)
 		return
 	default:
-		left := time.Until(h.stopBy())
+		left := time.Duration(h.stopBy() - monoNow())
 		if left <= 0 {
 			h.mu.Unlock()
 			h.lose(err)
@@ -156,9 +161,9 @@ func (h *holder) beat() {
 		}
 		// Try again soon, while there is time left.
 		interval = max(min(interval, left/2), time.Millisecond)
-		r.observe(h.hbCtx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(sent), Err: err})
+		r.observe(h, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: sent.since(), Err: err})
 	}
-	h.next = next.Add(interval)
+	h.next = next.add(interval)
 	h.mu.Unlock()
 	r.heartbeats.schedule(h)
 }
@@ -174,7 +179,7 @@ func (h *holder) lose(err error) {
 	}
 	h.lost = true
 	h.mu.Unlock()
-	h.r.observe(h.hbCtx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
+	h.r.observe(h, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
 	h.cancel(ErrLeaseLost)
 }
 
@@ -187,20 +192,31 @@ func (h *holder) wasLost() bool {
 
 func (h *holder) complete(ctx context.Context, stored []byte) error {
 	r := h.r
-	return r.retry(ctx, func(ctx context.Context) error {
+	return r.retryIn(ctx, h.attemptStorage(), func(ctx context.Context) error {
 		return r.store.Complete(ctx, h.key, h.token, stored, r.cfg.retention)
 	})
+}
+
+// attemptStorage returns the holder's storage for the context of a store
+// attempt the first time, then nil: a context handed to a store is never
+// reused, as the store may still hold it (a watch it has not stopped).
+func (h *holder) attemptStorage() *boundedCtx {
+	if h.afterAttemptUsed {
+		return nil
+	}
+	h.afterAttemptUsed = true
+	return &h.afterAttempt
 }
 
 // release gives the key up after fn failed transiently or panicked
 // (cause), so that a retry runs fn again at once. It returns the store's
 // error, already observed.
-func (h *holder) release(ctx context.Context, start time.Time, cause error) error {
+func (h *holder) release(ctx context.Context, start mono, cause error) error {
 	r := h.r
-	err := r.retry(ctx, func(ctx context.Context) error {
+	err := r.retryIn(ctx, h.attemptStorage(), func(ctx context.Context) error {
 		return r.store.Release(ctx, h.key, h.token)
 	})
-	e := Event{Kind: EventReleased, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: cause}
+	e := Event{Kind: EventReleased, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: cause}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		e.Kind, e.Err = EventLeaseLost, err

@@ -200,7 +200,7 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 	}
 	poll := 10 * time.Millisecond
 	for {
-		start := time.Now()
+		start := monoNow()
 		var cr ClaimResult
 		err := r.retry(ctx, func(ctx context.Context) error {
 			var err error
@@ -209,7 +209,7 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 		})
 		var took time.Duration
 		if r.cfg.observer != nil {
-			took = time.Since(start)
+			took = start.since()
 		}
 		if err != nil {
 			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Scope: req.Scope, Duration: took, Err: err})
@@ -300,13 +300,13 @@ func (r *Runner) awaitChange(ctx context.Context, key string, d time.Duration, p
 }
 
 // run executes fn as the holder of a fresh lease and records its outcome.
-func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T], fn func(context.Context) (T, error)) (Result[T], error) {
+func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn func(context.Context) (T, error)) (Result[T], error) {
 	r := h.r
 	start := claimed
 	fnCtx, cancel := context.WithCancelCause(h)
 	h.cancel = cancel
 	defer cancel(nil)
-	h.startHeartbeat(fnCtx, claimed)
+	h.startHeartbeat(claimed)
 
 	// The store calls after fn must happen even when the caller's context
 	// is canceled (a Complete cut short would leave the key to be taken
@@ -314,7 +314,7 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	// for longer than the lease could hold.
 	// The context lives in the holder: one allocation fewer.
 	after := func() *boundedCtx {
-		h.after = boundedCtx{values: ctx, deadline: time.Now().Add(r.cfg.lease)}
+		h.after = boundedCtx{values: ctx, deadline: monoNow().add(r.cfg.lease)}
 		return &h.after
 	}
 
@@ -334,8 +334,7 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	v, fnErr := fn(fnCtx)
 	panicked = false
 	h.stopHeartbeat()
-	var cp *corruptPointError
-	if le := (*leaveError)(nil); errors.As(fnErr, &le) || errors.As(fnErr, &cp) {
+	if fnErr != nil && leavesRecord(fnErr) {
 		// Neither complete nor release: the record stays STARTED and its
 		// lease runs out (the reconciler's undecided resolver, or a
 		// recovery point that cannot be decoded: a release would drop it).
@@ -366,7 +365,7 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		if !h.wasLost() { // else the heartbeat has reported it
-			r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+			r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: err})
 		}
 		if fnErr != nil {
 			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
@@ -374,18 +373,27 @@ func run[T any](ctx context.Context, h *holder, claimed time.Time, res Result[T]
 		res.Value = v
 		return res, fmt.Errorf("%w: fn ran but its result was not recorded", ErrLeaseLost)
 	case err != nil:
-		r.observe(ctx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: err})
+		r.observe(ctx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: err})
 		res.Value = v
 		return res, &StoreError{Op: "complete", Ran: true, Err: err}
 	}
 	if r.cfg.observer != nil {
-		r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: time.Since(start), Err: encErr})
+		r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: encErr})
 	}
 	if fnErr != nil {
 		return res, fnErr
 	}
 	res.Value = v
 	return res, nil
+}
+
+// leavesRecord reports whether fn's error asks [run] to neither complete
+// nor release the record. A function of its own, so that the targets of
+// errors.As are allocated only when fn failed.
+func leavesRecord(fnErr error) bool {
+	var le *leaveError
+	var cp *corruptPointError
+	return errors.As(fnErr, &le) || errors.As(fnErr, &cp)
 }
 
 // EncodeOutcome turns fn's outcome into the bytes to store. keep is false
@@ -512,9 +520,17 @@ const maxStoreBackoff = 5 * time.Second
 // [WithStoreTimeout], each attempt has its own deadline. When ctx ends
 // during a backoff, the error matches both ctx's error and the store's.
 func (r *Runner) retry(ctx context.Context, f func(context.Context) error) error {
+	return r.retryIn(ctx, nil, f)
+}
+
+// retryIn is retry with first, when not nil, as the storage of the first
+// attempt's context: a caller that makes one store call per request (the
+// holder's Complete or Release) saves an allocation. first is used once.
+func (r *Runner) retryIn(ctx context.Context, first *boundedCtx, f func(context.Context) error) error {
 	backoff := min(r.cfg.storeBackoff, maxStoreBackoff)
 	for attempt := 1; ; attempt++ {
-		err := r.attempt(ctx, f)
+		err := r.attempt(ctx, first, f)
+		first = nil
 		if err == nil || attempt >= r.cfg.storeAttempts || !retryable(ctx, err) {
 			return err
 		}
@@ -531,11 +547,14 @@ func (r *Runner) retry(ctx context.Context, f func(context.Context) error) error
 	}
 }
 
-func (r *Runner) attempt(ctx context.Context, f func(context.Context) error) error {
+func (r *Runner) attempt(ctx context.Context, storage *boundedCtx, f func(context.Context) error) error {
 	if r.cfg.storeTimeout <= 0 {
 		return f(ctx)
 	}
-	actx := withAttemptTimeout(ctx, r.cfg.storeTimeout)
+	if storage == nil {
+		storage = new(boundedCtx)
+	}
+	actx := storage.initAttempt(ctx, r.cfg.storeTimeout)
 	defer actx.stop()
 	return f(actx)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // A record can be left STARTED by a holder that died: a retry takes it
@@ -183,7 +182,7 @@ func reconcileOne[T any](ctx context.Context, r *Runner, info RecordInfo, resolv
 		return outcomeFailed, err
 	}
 	claim := ClaimRequest{Key: info.Key, Fingerprint: info.Fingerprint, Token: newToken(), Lease: r.cfg.lease, Grace: r.cfg.grace}
-	start := time.Now()
+	start := monoNow()
 	var cr ClaimResult
 	err = r.retry(ctx, func(ctx context.Context) error {
 		var err error
@@ -191,13 +190,13 @@ func reconcileOne[T any](ctx context.Context, r *Runner, info RecordInfo, resolv
 		return err
 	})
 	if err != nil {
-		r.observe(ctx, Event{Kind: EventStoreError, Key: info.Key, Scope: scope, Duration: time.Since(start), Err: err})
+		r.observe(ctx, Event{Kind: EventStoreError, Key: info.Key, Scope: scope, Duration: start.since(), Err: err})
 		return outcomeFailed, &StoreError{Op: "claim", Err: err}
 	}
 	if cr.Outcome != OutcomeAcquired {
 		return outcomeSkipped, nil
 	}
-	r.observe(ctx, Event{Kind: EventAcquired, Key: info.Key, Scope: scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: time.Since(start)})
+	r.observe(ctx, Event{Kind: EventAcquired, Key: info.Key, Scope: scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: start.since()})
 	h := &holder{parent: ctx, r: r, key: info.Key, scope: scope, clientKey: key, token: claim.Token,
 		fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, leaveOnPanic: true}
 	var kind resolutionKind

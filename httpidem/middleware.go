@@ -8,9 +8,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/fphook"
 )
 
 // ErrTransientStatus is the error the middleware's function returns to
@@ -86,7 +88,9 @@ func Stored(status int) bool {
 // handler's effects with those and with downstream keys
 // ([idempotency.DownstreamKey]) so that a second run does not repeat them.
 // A response larger than the stored limit ([WithMaxResponseSize]) is
-// streamed to its client instead, and only a marker is stored.
+// streamed to its client instead, and only a marker is stored. As net/http
+// requires, the handler must not use its ResponseWriter once it has
+// returned: a write after that fails, and reaches no response.
 //
 // The handler runs with the request's context wrapped by the runner:
 // [idempotency.FromContext], [idempotency.DownstreamKey] and
@@ -233,6 +237,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		idempotency.Request{Scope: scope, Key: key, Fingerprint: fp}, run.serve)
 	panicked = false
 	rec := run.rec
+	// The buffers go back to the pool once the response is out, whatever
+	// it was: the executor and the store keep no reference to them.
+	defer run.release()
 
 	switch {
 	case err == nil && res.Replayed:
@@ -282,6 +289,39 @@ type handlerRun struct {
 	rec   *recorder // made when the handler runs: replays need none
 	first recorder  // rec's storage for the first run
 	runs  int
+	buf   *buffers // the first run's, from bufPool; nil until it runs
+}
+
+// buffers are a run's own buffers: the response body as the handler
+// writes it (Write copies into it) and its stored form. Neither is
+// handed to the handler, so, unlike the recorder, which the handler holds,
+// they are reused across requests.
+type buffers struct{ body, stored []byte }
+
+var bufPool = sync.Pool{New: func() any { return new(buffers) }}
+
+// maxPooledBuffer bounds the capacity of a pooled buffer, so that one
+// large response does not keep its memory in the pool.
+const maxPooledBuffer = 64 << 10
+
+// release cuts the first recorder off its pooled buffers, so that a
+// handler that (against net/http's rules) writes after it returned can
+// reach no other request's response, and returns them to the pool.
+func (run *handlerRun) release() {
+	b := run.buf
+	if b == nil {
+		return
+	}
+	run.buf = nil
+	rec := &run.first
+	if cap(rec.body) > 0 && cap(rec.body) <= maxPooledBuffer {
+		b.body = rec.body[:0]
+	}
+	rec.body, rec.done = nil, true
+	if cap(b.stored) > maxPooledBuffer {
+		b.stored = nil
+	}
+	bufPool.Put(b)
 }
 
 // serve is the executor's fn: it runs the handler into a recorder and
@@ -290,14 +330,18 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 	c := &run.m.cfg
 	// A new recorder for every run: an executor may run fn again (a
 	// transaction retried after a serialization failure).
+	var stored []byte // the stored form's storage
 	if run.runs++; run.runs == 1 {
 		run.rec = &run.first
+		run.buf = bufPool.Get().(*buffers)
 	} else {
 		run.rec = new(recorder)
 	}
 	rec := run.rec
 	*rec = recorder{w: run.w, header: make(http.Header), limit: c.maxResponse}
-	rec.body = rec.inline[:0]
+	if run.runs == 1 {
+		rec.body, stored = run.buf.body[:0], run.buf.stored[:0]
+	}
 	r2 := run.r.WithContext(ctx)
 	if run.body != nil {
 		rec.in.Reset(run.body)
@@ -308,7 +352,11 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 	if !Stored(rec.status) {
 		return nil, ErrTransientStatus
 	}
-	return rec.encode(c.stored), nil
+	stored = rec.encode(stored, c.stored)
+	if run.runs == 1 {
+		run.buf.stored = stored // for the next request, once this one is done
+	}
+	return stored, nil
 }
 
 // rolledBack reports whether err says the handler's effects were rolled
@@ -434,9 +482,11 @@ func errBodyTooLarge(limit int64) error {
 // library); a body that is not valid JSON counts as raw bytes, so the
 // handler, not the middleware, decides how to reject it.
 func DefaultFingerprint(r *http.Request, body []byte) (idempotency.Fingerprint, error) {
-	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
-		if fp, err := idempotency.FingerprintJSON(body); err == nil {
-			return idempotency.FingerprintParts(r.Method, r.URL.Path, sortedQuery(r), "json", string(fp)), nil
+	if len(body) > 0 && isJSON(contentType(r.Header)) {
+		// FingerprintParts(r.Method, r.URL.Path, sortedQuery(r), "json",
+		// string(FingerprintJSON(body))), two allocations cheaper.
+		if fp, ok := fphook.JSONRequest(r.Method, r.URL.Path, sortedQuery(r), body); ok {
+			return idempotency.Fingerprint(fp), nil
 		}
 	}
 	return RawFingerprint(r, body)
@@ -461,6 +511,15 @@ func sortedQuery(r *http.Request) string {
 		}
 	}
 	return query
+}
+
+// contentType is h.Get("Content-Type") without canonicalizing a name
+// that already is.
+func contentType(h http.Header) string {
+	if v := h["Content-Type"]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // isJSON reports whether a Content-Type is application/json or a +json

@@ -144,6 +144,44 @@ func TestReplay(t *testing.T) {
 	}
 }
 
+// The recorder's buffers are reused by later requests: a handler that
+// keeps its ResponseWriter and writes after it returned (which net/http
+// forbids) gets an error, and its bytes reach neither its own response,
+// nor a later one, nor what is replayed.
+func TestWriteAfterReturn(t *testing.T) {
+	var kept http.ResponseWriter
+	h := wrap(t, newRunner(t, nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "first" {
+			kept = w
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, r.Header.Get("Idempotency-Key"))
+	}))
+	first := do(h, "POST", "/payments", "first", `{}`)
+	late := kept
+	if n, err := late.Write([]byte("LATE")); err == nil || n != 0 {
+		t.Fatalf("write after return: %d, %v; want an error", n, err)
+	}
+	if n, err := io.WriteString(late, "LATE"); err == nil || n != 0 {
+		t.Fatalf("WriteString after return: %d, %v; want an error", n, err)
+	}
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			key := "k-" + strconv.Itoa(i)
+			if w := do(h, "POST", "/payments", key, `{}`); w.Code != http.StatusCreated || w.Body.String() != key {
+				t.Errorf("%s: %d %q", key, w.Code, w.Body)
+			}
+			late.Write([]byte("LATE"))
+		})
+	}
+	wg.Wait()
+	again := do(h, "POST", "/payments", "first", `{}`)
+	if first.Body.String() != "first" || again.Body.String() != "first" {
+		t.Fatalf("first %q, replayed %q; want %q", first.Body, again.Body, "first")
+	}
+}
+
 func TestMismatch(t *testing.T) {
 	p := &payments{}
 	h := wrap(t, newRunner(t, nil), p, httpidem.WithMethods("POST", "PATCH"))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -28,12 +29,15 @@ type recorder struct {
 	sent  bool // the final status is written: header is the response's
 	limit int
 
-	status  int // 0 until the final header is written
-	body    []byte
-	inline  [256]byte // body's first storage: most responses are small
-	direct  bool      // the response goes straight to w: too large to store
-	flushed bool      // the response has been written to w
+	status  int    // 0 until the final header is written
+	body    []byte // buffered body: a pooled buffer on a first run
+	direct  bool   // the response goes straight to w: too large to store
+	flushed bool   // the response has been written to w
+	done    bool   // the response is out and body released: writes fail
 }
+
+// errWriteAfterDone is what a handler gets for writing after it returned.
+var errWriteAfterDone = errors.New("httpidem: write after the handler returned")
 
 // bodyReader is the request body as the handler reads it, kept in the
 // recorder to save allocations.
@@ -70,6 +74,9 @@ func (rec *recorder) WriteHeader(code int) {
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.done {
+		return 0, errWriteAfterDone
+	}
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
@@ -86,6 +93,9 @@ func (rec *recorder) Write(p []byte) (int, error) {
 
 // WriteString lets io.WriteString avoid a conversion.
 func (rec *recorder) WriteString(s string) (int, error) {
+	if rec.done {
+		return 0, errWriteAfterDone
+	}
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
@@ -233,10 +243,10 @@ const (
 
 var errCorruptResponse = errors.New("httpidem: stored response is corrupt")
 
-// encode returns the stored form of the recorded response: its status,
-// the allowed headers and the body, or only the status and a flag when
-// the body went straight to the client.
-func (rec *recorder) encode(allowed map[string]string) []byte {
+// encode appends to b (empty, a buffer to reuse) the stored form of the
+// recorded response: its status, the allowed headers and the body, or
+// only the status and a flag when the body went straight to the client.
+func (rec *recorder) encode(b []byte, allowed map[string]string) []byte {
 	var flags byte
 	body := rec.body
 	if rec.direct {
@@ -253,7 +263,7 @@ func (rec *recorder) encode(allowed map[string]string) []byte {
 			}
 		}
 	}
-	b := make([]byte, 0, size)
+	b = slices.Grow(b[:0], size)
 	b = append(b, storedVersion, flags)
 	b = binary.AppendUvarint(b, uint64(rec.status))
 	b = binary.AppendUvarint(b, uint64(n))

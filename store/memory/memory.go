@@ -7,7 +7,8 @@
 // injectable clock ([Options.Now]), so tests can move time forward instead
 // of sleeping. Expired records are invisible to every operation, and every
 // operation also deletes up to four expired records (the soonest expired
-// first, from a heap ordered by expiry), so memory stays bounded by the
+// first: completed records wait in a queue in the order they expire, the
+// others in a heap), so memory stays bounded by the
 // live records in a long-running process without a background goroutine,
 // a Close method or calls to [Store.Sweep]. Fences come from one counter
 // for the whole store, so a key's fence strictly increases across
@@ -22,8 +23,11 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"hash/maphash"
 	"maps"
+	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +42,12 @@ const DefaultMaxValueSize = 4 << 20
 // Each operation creates at most one record, so deleting more than one
 // expired record per operation keeps the expired backlog shrinking.
 const sweepPerOp = 4
+
+// staleSweepPerOp is how many entries of deleted records an operation
+// drops at most from the queue of completed records. An operation
+// deletes at most sweepPerOp+1 records, so dropping more keeps that
+// backlog shrinking too.
+const staleSweepPerOp = 4 * sweepPerOp
 
 // Options configures a [Store]. The zero value (or a nil *Options) gives
 // the defaults.
@@ -62,30 +72,114 @@ type Store struct {
 	now      func() time.Time
 	maxValue int // < 0: no limit
 
-	mu      sync.RWMutex // read-locked by replays only
-	records map[string]*record
-	expiry  expiryHeap // every record of records, soonest expiry first
-	fence   int64      // last fence handed out, store-wide
+	// base is the store clock's reading at New: deadlines are kept as
+	// nanoseconds since base (see [Store.clock]).
+	base      time.Time
+	realClock bool // now is time.Now
+
+	seed    maphash.Seed            // of the keys' hashes
+	hashKey func(key string) uint64 // replaces maphash in tests of collisions
+
+	mu sync.RWMutex // read-locked by replays only
+	// records holds every record by the hash of its key (see hash), those
+	// of keys with the same hash chained through next. A map by a fixed
+	// size hash, computed once per operation, costs less than a map by
+	// the key: a string key is hashed again on every map access and every
+	// move when the map grows, each time reading the key's bytes, a cache
+	// miss in a large store.
+	records map[uint64]*record
+	// Every record is in expiry or in done, which give the soonest to
+	// expire. done holds COMPLETED records in the order they expire:
+	// when every Complete asks for the same retention, as a runner does,
+	// each completed record joins its end, at no cost but an append,
+	// instead of walking down a heap of all records; a completion that
+	// would expire before the last in done goes to expiry.
+	expiry expiryHeap // STARTED records, and COMPLETED ones out of order
+	done   fifo
+	count  int   // records in records
+	fence  int64 // last fence handed out, store-wide
 }
 
 // record is one key's record. Byte slices in it are owned by the store:
 // copied in and copied out.
+//
+// A store keeps many records, and the garbage collector marks every
+// pointer in them on every cycle: so the record's strings share one
+// allocation and its instants are integers, which leaves a live COMPLETED
+// record with two pointers (ids and result) instead of seven.
 type record struct {
-	key         string
-	fingerprint idempotency.Fingerprint
-	state       idempotency.State
-	token       idempotency.Token
-	fence       int64
-	attempt     int
-	leaseEnd    time.Time // STARTED only
-	grace       time.Duration
-	expires     time.Time // the record is absent from this instant on
+	// ids is the storage key, the fingerprint and the token, in this
+	// order; keyLen and fpLen split it (see key, fingerprint and token).
+	ids       string
+	keyLen    int32
+	fpLen     int32
+	hash      uint64  // of the key, by which records holds it
+	next      *record // the next record of the same hash; nil but for a collision
+	fence     int64
+	attempt   int
+	leaseEnd  instant // STARTED only
+	grace     time.Duration
+	expires   instant // the record is absent from this instant on
+	heapIndex int32   // in expiry; -1 when not there
+	completed bool    // COMPLETED; else STARTED
+	deleted   bool    // no longer in records: its entry in done is stale
+	// checkpoints and changed are nil for most records.
 	checkpoints map[string][]byte
 	result      []byte
-	heapIndex   int
 	// changed is closed, and set to nil, when the record completes, is
 	// released, taken over or deleted. Made only when someone watches.
 	changed chan struct{}
+}
+
+// instant is a reading of the store's clock: nanoseconds since the
+// store's base (see [Store.clock]).
+type instant int64
+
+// add returns i plus d, saturating instead of overflowing.
+func (i instant) add(d time.Duration) instant {
+	if d > 0 && i > math.MaxInt64-instant(d) {
+		return math.MaxInt64
+	}
+	return i + instant(d)
+}
+
+// sub returns the duration from j to i.
+func (i instant) sub(j instant) time.Duration { return time.Duration(i - j) }
+
+func (rec *record) key() string { return rec.ids[:rec.keyLen] }
+
+func (rec *record) stateOf() idempotency.State {
+	if rec.completed {
+		return idempotency.StateCompleted
+	}
+	return idempotency.StateStarted
+}
+
+func (rec *record) fingerprint() idempotency.Fingerprint {
+	return idempotency.Fingerprint(rec.ids[rec.keyLen : rec.keyLen+rec.fpLen])
+}
+
+func (rec *record) token() idempotency.Token {
+	return idempotency.Token(rec.ids[rec.keyLen+rec.fpLen:])
+}
+
+// setIDs stores key, fingerprint and token in one allocation. It panics
+// on a key or fingerprint of 2 GiB or more.
+func (rec *record) setIDs(key string, fp idempotency.Fingerprint, token idempotency.Token) {
+	if len(key) > math.MaxInt32 || len(fp) > math.MaxInt32 {
+		panic("memory: key or fingerprint too long")
+	}
+	rec.ids = key + string(fp) + string(token)
+	rec.keyLen, rec.fpLen = int32(len(key)), int32(len(fp))
+}
+
+// clock reads the store's clock as an instant: nanoseconds since base,
+// saturated at about 292 years either side of it.
+func (s *Store) clock() instant {
+	if s.realClock {
+		return instant(time.Since(s.base)) // the monotonic clock alone
+	}
+	return instant(s.now().Sub(s.base))
 }
 
 // New returns an empty store. A nil opts means the defaults.
@@ -93,7 +187,8 @@ func New(opts *Options) *Store {
 	s := &Store{
 		now:      time.Now,
 		maxValue: DefaultMaxValueSize,
-		records:  make(map[string]*record),
+		records:  make(map[uint64]*record),
+		seed:     maphash.MakeSeed(),
 	}
 	if opts != nil {
 		if opts.Now != nil {
@@ -103,6 +198,8 @@ func New(opts *Options) *Store {
 			s.maxValue = opts.MaxValueSize
 		}
 	}
+	s.base = s.now()
+	s.realClock = opts == nil || opts.Now == nil
 	return s
 }
 
@@ -130,28 +227,28 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		return idempotency.ClaimResult{}, invalid("grace %v is negative", r.Grace)
 	}
 
-	if res, ok := s.replay(r); ok {
+	h := s.hash(r.Key)
+	if res, ok := s.replay(h, r); ok {
 		return res, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	s.sweepLocked(now, sweepPerOp)
+	now := s.clock()
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
 
-	rec := s.lookupLocked(r.Key, now)
+	rec := s.lookupLocked(h, r.Key, now)
 	if rec == nil {
 		s.fence++
 		rec = &record{
-			key:         r.Key,
-			fingerprint: r.Fingerprint,
-			state:       idempotency.StateStarted,
-			token:       r.Token,
-			fence:       s.fence,
-			attempt:     1,
-			heapIndex:   -1,
+			fence:     s.fence,
+			attempt:   1,
+			heapIndex: -1,
 		}
+		rec.setIDs(r.Key, r.Fingerprint, r.Token)
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
-		s.records[r.Key] = rec
+		rec.hash, rec.next = h, s.records[h]
+		s.records[h] = rec
+		s.count++
 		heap.Push(&s.expiry, rec)
 		return idempotency.ClaimResult{
 			Outcome: idempotency.OutcomeAcquired,
@@ -162,23 +259,23 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 
 	res := idempotency.ClaimResult{Fence: rec.fence, Attempt: rec.attempt}
 	switch {
-	case rec.fingerprint != r.Fingerprint:
+	case rec.fingerprint() != r.Fingerprint:
 		res.Outcome = idempotency.OutcomeMismatch
-	case rec.state == idempotency.StateCompleted:
+	case rec.completed:
 		res.Outcome = idempotency.OutcomeReplay
 		res.Result = clone(rec.result)
-	case rec.token == r.Token:
+	case rec.token() == r.Token:
 		// A repeated claim whose reply was lost: same fence, lease anew.
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
 		res.Outcome = idempotency.OutcomeAcquired
 		res.Checkpoints = cloneMap(rec.checkpoints)
-	case now.Before(rec.leaseEnd):
+	case now < rec.leaseEnd:
 		res.Outcome = idempotency.OutcomeInProgress
-		res.RetryAfter = rec.leaseEnd.Sub(now)
+		res.RetryAfter = rec.leaseEnd.sub(now)
 	default:
 		// The holder's lease ended: take over, keeping its checkpoints.
 		s.fence++
-		rec.token = r.Token
+		rec.setIDs(rec.key(), rec.fingerprint(), r.Token)
 		rec.fence = s.fence
 		rec.attempt++
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
@@ -202,12 +299,12 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 // write lock. Anything else is for Claim to decide under the write lock.
 // Replays skip the sweep: they create no record, so the sweeps of the
 // operations that do still outpace expiry.
-func (s *Store) replay(r idempotency.ClaimRequest) (idempotency.ClaimResult, bool) {
+func (s *Store) replay(h uint64, r idempotency.ClaimRequest) (idempotency.ClaimResult, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	rec := s.records[r.Key]
-	if rec == nil || rec.state != idempotency.StateCompleted || rec.fingerprint != r.Fingerprint ||
-		!s.now().Before(rec.expires) {
+	rec := s.getLocked(h, r.Key)
+	if rec == nil || !rec.completed || rec.fingerprint() != r.Fingerprint ||
+		s.clock() >= rec.expires {
 		return idempotency.ClaimResult{}, false
 	}
 	return idempotency.ClaimResult{
@@ -227,11 +324,12 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	if lease <= 0 {
 		return invalid("lease %v is not positive", lease)
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	s.sweepLocked(now, sweepPerOp)
-	rec, err := s.heldLocked(key, token, now)
+	now := s.clock()
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
+	rec, err := s.heldLocked(h, key, token, now)
 	if err != nil {
 		return err
 	}
@@ -248,11 +346,12 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 	if err := s.checkSize("checkpoint", value); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	s.sweepLocked(now, sweepPerOp)
-	rec, err := s.heldLocked(key, token, now)
+	now := s.clock()
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
+	rec, err := s.heldLocked(h, key, token, now)
 	if err != nil {
 		return err
 	}
@@ -276,23 +375,29 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if err := s.checkSize("result", result); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	s.sweepLocked(now, sweepPerOp)
-	rec := s.lookupLocked(key, now)
+	now := s.clock()
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
+	rec := s.lookupLocked(h, key, now)
 	switch {
-	case rec == nil || rec.token != token:
+	case rec == nil || rec.token() != token:
 		return lost(key)
-	case rec.state == idempotency.StateCompleted:
+	case rec.completed:
 		return nil // a repeated Complete that already landed
 	}
-	rec.state = idempotency.StateCompleted
+	rec.completed = true
 	rec.result = clone(result)
 	rec.checkpoints = nil
-	rec.leaseEnd = time.Time{}
-	rec.expires = now.Add(retention)
-	heap.Fix(&s.expiry, rec.heapIndex)
+	rec.leaseEnd = 0
+	rec.expires = now.add(retention)
+	if s.done.fits(rec.expires) {
+		heap.Remove(&s.expiry, int(rec.heapIndex))
+		s.done.push(rec)
+	} else {
+		heap.Fix(&s.expiry, int(rec.heapIndex))
+	}
 	rec.notify()
 	return nil
 }
@@ -303,15 +408,16 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	s.sweepLocked(now, sweepPerOp)
-	rec := s.lookupLocked(key, now)
+	now := s.clock()
+	s.sweepLocked(now, sweepPerOp, staleSweepPerOp)
+	rec := s.lookupLocked(h, key, now)
 	switch {
 	case rec == nil:
 		return nil
-	case rec.token != token || rec.state != idempotency.StateStarted:
+	case rec.token() != token || rec.completed:
 		return lost(key)
 	}
 	s.deleteLocked(rec)
@@ -328,7 +434,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sweepLocked(s.now(), limit), nil
+	return s.sweepLocked(s.clock(), limit, 0), nil
 }
 
 // Watch blocks until the record under key may have changed: it completes,
@@ -343,14 +449,15 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
-	now := s.now()
-	rec := s.lookupLocked(key, now)
-	if rec == nil || rec.state != idempotency.StateStarted {
+	now := s.clock()
+	rec := s.lookupLocked(h, key, now)
+	if rec == nil || rec.completed {
 		s.mu.Unlock()
 		return nil
 	}
-	left := rec.leaseEnd.Sub(now)
+	left := rec.leaseEnd.sub(now)
 	if left <= 0 {
 		s.mu.Unlock()
 		return nil // the lease has ended: the waiter may take over
@@ -379,10 +486,11 @@ func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo
 	if err := ctx.Err(); err != nil {
 		return idempotency.RecordInfo{}, err
 	}
+	h := s.hash(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	rec := s.lookupLocked(key, now)
+	now := s.clock()
+	rec := s.lookupLocked(h, key, now)
 	if rec == nil {
 		return idempotency.RecordInfo{}, fmt.Errorf("%w: memory: %s", idempotency.ErrNotFound, truncate(key))
 	}
@@ -398,7 +506,7 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if rec := s.lookupLocked(key, s.now()); rec != nil {
+	if rec := s.lookupLocked(s.hash(key), key, s.clock()); rec != nil {
 		s.deleteLocked(rec)
 	}
 	return nil
@@ -416,41 +524,41 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	var keys []string
-	for k, rec := range s.records {
-		if k > cursor && rec.state == idempotency.StateStarted && !now.Before(rec.leaseEnd) && now.Before(rec.expires) {
-			keys = append(keys, k)
+	now := s.clock()
+	var stuck []*record
+	for _, rec := range s.expiry { // every STARTED record
+		if rec.key() > cursor && !rec.completed && now >= rec.leaseEnd && now < rec.expires {
+			stuck = append(stuck, rec)
 		}
 	}
-	slices.Sort(keys)
+	slices.SortFunc(stuck, func(a, b *record) int { return strings.Compare(a.key(), b.key()) })
 	next := ""
-	if len(keys) > limit {
-		keys = keys[:limit]
-		next = keys[limit-1]
+	if len(stuck) > limit {
+		stuck = stuck[:limit]
+		next = stuck[limit-1].key()
 	}
-	infos := make([]idempotency.RecordInfo, len(keys))
-	for i, k := range keys {
-		infos[i] = s.records[k].info(now)
+	infos := make([]idempotency.RecordInfo, len(stuck))
+	for i, rec := range stuck {
+		infos[i] = rec.info(now)
 	}
 	return infos, next, nil
 }
 
 // info describes rec at now, with copies of its values.
-func (rec *record) info(now time.Time) idempotency.RecordInfo {
+func (rec *record) info(now instant) idempotency.RecordInfo {
 	info := idempotency.RecordInfo{
-		Key:         rec.key,
-		State:       rec.state,
-		Fingerprint: rec.fingerprint,
+		Key:         rec.key(),
+		State:       rec.stateOf(),
+		Fingerprint: rec.fingerprint(),
 		Fence:       rec.fence,
 		Attempt:     rec.attempt,
-		ExpiresIn:   rec.expires.Sub(now),
+		ExpiresIn:   rec.expires.sub(now),
 		Result:      clone(rec.result),
 		ResultSize:  len(rec.result),
 		Checkpoints: cloneMap(rec.checkpoints),
 	}
-	if rec.state == idempotency.StateStarted {
-		info.LeaseLeft = max(rec.leaseEnd.Sub(now), 0)
+	if !rec.completed {
+		info.LeaseLeft = max(rec.leaseEnd.sub(now), 0)
 	}
 	return info
 }
@@ -460,17 +568,36 @@ func (rec *record) info(now time.Time) idempotency.RecordInfo {
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.records)
+	return s.count
+}
+
+// hash returns the hash of key by which records holds its record.
+func (s *Store) hash(key string) uint64 {
+	if s.hashKey != nil {
+		return s.hashKey(key)
+	}
+	return maphash.String(s.seed, key)
+}
+
+// getLocked returns the record under key, live or expired, or nil; h is
+// the key's hash. Called with mu held, for reading at least.
+func (s *Store) getLocked(h uint64, key string) *record {
+	rec := s.records[h]
+	for rec != nil && rec.key() != key {
+		rec = rec.next
+	}
+	return rec
 }
 
 // lookupLocked returns the live record under key, or nil when there is
-// none. An expired record found on the way is deleted.
-func (s *Store) lookupLocked(key string, now time.Time) *record {
-	rec := s.records[key]
+// none; h is the key's hash. An expired record found on the way is
+// deleted.
+func (s *Store) lookupLocked(h uint64, key string, now instant) *record {
+	rec := s.getLocked(h, key)
 	if rec == nil {
 		return nil
 	}
-	if !now.Before(rec.expires) {
+	if now >= rec.expires {
 		s.deleteLocked(rec)
 		return nil
 	}
@@ -479,9 +606,9 @@ func (s *Store) lookupLocked(key string, now time.Time) *record {
 
 // heldLocked returns the live STARTED record under key held under token,
 // or an error wrapping ErrLeaseLost.
-func (s *Store) heldLocked(key string, token idempotency.Token, now time.Time) (*record, error) {
-	rec := s.lookupLocked(key, now)
-	if rec == nil || rec.token != token || rec.state != idempotency.StateStarted {
+func (s *Store) heldLocked(h uint64, key string, token idempotency.Token, now instant) (*record, error) {
+	rec := s.lookupLocked(h, key, now)
+	if rec == nil || rec.token() != token || rec.completed {
 		return nil, lost(key)
 	}
 	return rec, nil
@@ -489,33 +616,131 @@ func (s *Store) heldLocked(key string, token idempotency.Token, now time.Time) (
 
 // leaseLocked sets rec's lease to end lease after now and its expiry grace
 // after that.
-func (s *Store) leaseLocked(rec *record, now time.Time, lease, grace time.Duration) {
-	rec.leaseEnd = now.Add(lease)
+func (s *Store) leaseLocked(rec *record, now instant, lease, grace time.Duration) {
+	rec.leaseEnd = now.add(lease)
 	rec.grace = grace
-	rec.expires = rec.leaseEnd.Add(grace)
+	rec.expires = rec.leaseEnd.add(grace)
 	if rec.heapIndex >= 0 {
-		heap.Fix(&s.expiry, rec.heapIndex)
+		heap.Fix(&s.expiry, int(rec.heapIndex))
 	}
 }
 
 func (s *Store) deleteLocked(rec *record) {
-	delete(s.records, rec.key)
-	heap.Remove(&s.expiry, rec.heapIndex)
+	if first := s.records[rec.hash]; first == rec {
+		if rec.next == nil {
+			delete(s.records, rec.hash)
+		} else {
+			s.records[rec.hash] = rec.next
+		}
+	} else {
+		for p := first; p != nil; p = p.next {
+			if p.next == rec {
+				p.next = rec.next
+				break
+			}
+		}
+	}
+	rec.next = nil
+	if rec.heapIndex >= 0 {
+		heap.Remove(&s.expiry, int(rec.heapIndex))
+	} // else its entry in done is dropped when it comes up
+	rec.deleted = true
+	s.count--
 	rec.notify()
 }
 
-// sweepLocked deletes up to limit expired records (limit <= 0: all).
-func (s *Store) sweepLocked(now time.Time, limit int) int {
-	n := 0
-	for len(s.expiry) > 0 && (limit <= 0 || n < limit) {
-		rec := s.expiry[0]
-		if now.Before(rec.expires) {
-			break
+// sweepLocked deletes up to limit expired records (limit <= 0: all), the
+// soonest expired first. It drops the entries of deleted records it finds
+// on the way in done, up to stale of them (stale <= 0: all).
+func (s *Store) sweepLocked(now instant, limit, stale int) int {
+	n, dropped := 0, 0
+	for limit <= 0 || n < limit {
+		var rec *record
+		switch first, ok := s.done.first(); {
+		case ok && (len(s.expiry) == 0 || first.at <= s.expiry[0].expires):
+			if now < first.at {
+				return n
+			}
+			s.done.pop()
+			if first.rec.deleted {
+				if dropped++; stale > 0 && dropped >= stale {
+					return n
+				}
+				continue
+			}
+			rec = first.rec
+		case len(s.expiry) > 0 && now >= s.expiry[0].expires:
+			rec = s.expiry[0]
+		default:
+			return n
 		}
 		s.deleteLocked(rec)
 		n++
 	}
 	return n
+}
+
+// fifo is a queue of records, which done keeps in the order they expire:
+// a list of chunks, so that it grows without copying and gives memory
+// back as its head moves on. Each entry holds its record's expiry, so
+// that the queue is read without reading a record.
+type fifo struct {
+	head, tail *fifoChunk
+	next       int // head.entries[next] is the first entry
+	len        int
+}
+
+type fifoChunk struct {
+	entries [256]fifoEntry
+	n       int // entries used
+	next    *fifoChunk
+}
+
+type fifoEntry struct {
+	at  instant // rec.expires, which does not change once completed
+	rec *record
+}
+
+// fits reports whether a record expiring at can join the end of the queue
+// without breaking its order.
+func (q *fifo) fits(at instant) bool {
+	return q.len == 0 || q.tail.entries[q.tail.n-1].at <= at
+}
+
+func (q *fifo) push(rec *record) {
+	if q.tail == nil || q.tail.n == len(q.tail.entries) {
+		c := new(fifoChunk)
+		if q.tail == nil {
+			q.head, q.next = c, 0
+		} else {
+			q.tail.next = c
+		}
+		q.tail = c
+	}
+	q.tail.entries[q.tail.n] = fifoEntry{rec.expires, rec}
+	q.tail.n++
+	q.len++
+}
+
+// first returns the entry at the head, if any.
+func (q *fifo) first() (fifoEntry, bool) {
+	if q.len == 0 {
+		return fifoEntry{}, false
+	}
+	return q.head.entries[q.next], true
+}
+
+// pop removes the head entry; the queue must not be empty.
+func (q *fifo) pop() {
+	q.head.entries[q.next] = fifoEntry{}
+	q.next++
+	q.len--
+	switch {
+	case q.len == 0: // head is tail: use it again from its start
+		q.head.n, q.next = 0, 0
+	case q.next == len(q.head.entries):
+		q.head, q.next = q.head.next, 0
+	}
 }
 
 func (s *Store) checkSize(what string, b []byte) error {
@@ -571,16 +796,16 @@ func cloneMap(m map[string][]byte) map[string][]byte {
 type expiryHeap []*record
 
 func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
 func (h expiryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].heapIndex = i
-	h[j].heapIndex = j
+	h[i].heapIndex = int32(i)
+	h[j].heapIndex = int32(j)
 }
 
 func (h *expiryHeap) Push(x any) {
 	rec := x.(*record)
-	rec.heapIndex = len(*h)
+	rec.heapIndex = int32(len(*h))
 	*h = append(*h, rec)
 }
 

@@ -29,6 +29,15 @@ func TestConformance(t *testing.T) {
 			return memory.New(&memory.Options{Now: clock.Now})
 		}, caps)
 	})
+	t.Run("colliding_hashes", func(t *testing.T) {
+		// Every key under one of two hashes: records share chains, which
+		// every operation must walk and unlink from correctly.
+		caps := caps
+		caps.ControlledClock = true
+		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
+			return memory.NewWithHash(&memory.Options{Now: clock.Now}, func(key string) uint64 { return uint64(len(key) % 2) })
+		}, caps)
+	})
 	t.Run("real_time", func(t *testing.T) {
 		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
 			return memory.New(nil)
@@ -130,6 +139,50 @@ func TestMemoryStaysBoundedWithoutSweep(t *testing.T) {
 
 // Bytes passed in and handed out are copies: callers may reuse their
 // buffers and change what they got without touching the store.
+// Completed records wait for their expiry in a queue, where a deleted
+// one leaves its entry until it comes up; a long-running holder stays in
+// the heap of started records. Neither grows beyond what the retention
+// holds, with keys that share hashes.
+func TestMemoryExpiryEntriesStayBounded(t *testing.T) {
+	clock := conformancetest.NewClock(time.Unix(1e9, 0))
+	s := memory.NewWithHash(&memory.Options{Now: clock.Now}, func(key string) uint64 { return uint64(len(key) % 3) })
+	claim(t, s, "renewed", "t", time.Second, time.Second)
+	for i := range 20000 {
+		clock.Advance(time.Millisecond)
+		if err := s.Renew(ctx, "renewed", "t", time.Second); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprint("done-", i)
+		claim(t, s, key, "t", time.Second, 0)
+		retention := 100 * time.Millisecond
+		if i%10 == 0 {
+			retention = 50 * time.Millisecond // out of order: in the heap
+		}
+		if err := s.Complete(ctx, key, "t", []byte("r"), retention); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := s.Purge(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The last 100 ms completed 100 records; half of them were purged.
+	if got := s.ExpiryEntries(); got > 150 {
+		t.Fatalf("%d expiry entries after 20,000 completions: entries of expired or purged records are not dropped", got)
+	}
+	if got := s.Len(); got > 60 {
+		t.Fatalf("Len() = %d, want the unpurged records of the last 100 ms and the renewed one", got)
+	}
+	if _, err := s.Inspect(ctx, "renewed"); err != nil {
+		t.Fatalf("the renewed record: %v", err)
+	}
+	clock.Advance(3 * time.Second)
+	if n, err := s.Sweep(ctx, 0); err != nil || n == 0 || s.Len() != 0 || s.ExpiryEntries() != 0 {
+		t.Fatalf("Sweep = %d, %v; left %d records, %d entries", n, err, s.Len(), s.ExpiryEntries())
+	}
+}
+
 func TestMemoryDoesNotAlias(t *testing.T) {
 	s := memory.New(nil)
 	claim(t, s, "k", "t", time.Second, time.Hour)
