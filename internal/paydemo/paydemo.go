@@ -237,7 +237,7 @@ type demo struct {
 	charges  map[string]int    // intent -> cards charged
 	calls    map[string]int    // intent -> charge calls the gateway got
 	gateway  map[string]string // downstream key -> the charge it made
-	payments map[string]int // intent -> payment rows created
+	payments map[string]int    // intent -> payment rows created
 	stats    map[string]*stats
 	crash    map[string]bool // intents whose first worker crashes
 	nextID   int
