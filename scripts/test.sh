@@ -32,6 +32,11 @@ done
 
 modules=$(go list -m -f '{{.Dir}}')
 status=0
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go') 2>&1)
+if [ -n "$unformatted" ]; then
+  echo "not gofmt'ed (run gofmt -w):"; echo "$unformatted"; status=1
+fi
 for dir in $modules; do
   rel=${dir#"$root"}; rel=${rel#/}; rel=${rel:-.}
   echo "== $rel: go vet"
