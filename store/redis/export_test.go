@@ -11,3 +11,6 @@ func FenceKey(s *Store, storageKey string) string {
 	k, _ := s.keys(storageKey)
 	return k[2]
 }
+
+// Wrap is s's wrapping of an operation's error.
+func Wrap(s *Store, op string, err error) error { return s.wrap(op, err) }

@@ -448,12 +448,27 @@ func (s *Store) done(op string, v any, err error) error {
 }
 
 // wrap names the operation on a go-redis error; context errors pass through
-// as they are.
+// as they are. A syntax error inside a script is what a server older than
+// Redis 6.2 answers to SET ... GET: the error says so.
 func (s *Store) wrap(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	if oldServer(err) {
+		return fmt.Errorf("redis store: %s: %w (is the server older than Redis 6.2? The store needs SET with the GET option)", op, err)
+	}
 	return fmt.Errorf("redis store: %s: %w", op, err)
+}
+
+// oldServer reports whether err is a Redis error raised by a syntax error
+// of a command inside one of the store's scripts.
+func oldServer(err error) bool {
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	return strings.Contains(msg, "script") && strings.Contains(msg, "syntax error")
 }
 
 // encodeFingerprint returns the stored form of a fingerprint: "h" and the 32
