@@ -61,13 +61,10 @@ func TestRealTimeStore(t *testing.T) {
 	if mode == "" {
 		t.Skip(realTimeEnv + " is not set: TestRealTimeFirstAttempts runs this test with it")
 	}
-	var store *stallingStore // one for both cases, so that a rerun is not stalled again
-	conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
-		if store == nil {
-			store = &stallingStore{Store: memory.New(nil), mode: mode}
-		}
-		return store
-	}, conformancetest.Capabilities{})
+	// One store for both cases (Run calls newStore from several goroutines
+	// at once), so that a rerun is not stalled again.
+	store := sync.OnceValue(func() idempotency.Store { return &stallingStore{Store: memory.New(nil), mode: mode} })
+	conformancetest.Run(t, func(*testing.T, *conformancetest.Clock) idempotency.Store { return store() }, conformancetest.Capabilities{})
 }
 
 // TestRealTimeFirstAttempts: in real time, a case that fails after a stall
