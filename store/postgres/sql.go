@@ -84,18 +84,18 @@ FROM cur, LATERAL (SELECT clock_timestamp() AS now) AS t`
 // insertion), and every claim that finds a live row it may not take: a
 // replay, a mismatch, a claim in progress under another token. Only
 // takeovers, expired rows and races go on to claimSQL, which decides under
-// the row's lock. Both statements return the columns of claimSQL.
+// the row's lock.
 //
-// claimInsertSQL returns acquired (the first column true) with the fence
-// when it inserted the row, and no row when the key had one (or had one
-// committed while the statement waited). Its clock is read once, in the
-// subquery "c", which the planner keeps as one evaluation because the
-// function is volatile.
+// claimInsertSQL returns the fence when it inserted the row (a fresh
+// record: attempt 1, no checkpoints), and no row when the key had one (or
+// had one committed while the statement waited). Its clock is read once,
+// in the subquery "c", which the planner keeps as one evaluation because
+// the function is volatile.
 //
 // $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
 const claimInsertSQL = freshRowSQL + `	FROM (SELECT clock_timestamp() AS now) AS c
 	ON CONFLICT (key) DO NOTHING
-	RETURNING true, r.fence, 1, NULL::text, NULL::text, NULL::text, 0::bigint, NULL::bytea, false`
+	RETURNING r.fence`
 
 // claimReadSQL reads the row and the server's clock, read after the
 // statement's snapshot; no row when the key has none. Store.claimRead

@@ -63,13 +63,20 @@ func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (i
 				break // stale: a takeover or an expired row
 			}
 		} else {
-			row := db.QueryRow(ctx, s.sql.claimInsert, args...)
-			res, inserted, err := s.scanClaim(ctx, row, r)
-			if i == 0 {
-				s.order.record(!inserted && err == nil)
+			var fence int64
+			err := db.QueryRow(ctx, s.sql.claimInsert, args...).Scan(&fence)
+			inserted := err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = nil
 			}
-			if err != nil || inserted {
-				return res, err
+			if i == 0 && err == nil {
+				s.order.record(!inserted)
+			}
+			switch {
+			case err != nil:
+				return idempotency.ClaimResult{}, wrapErr(ctx, "claim", err)
+			case inserted:
+				return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: fence, Attempt: 1}, nil
 			}
 		}
 	}
