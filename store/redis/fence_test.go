@@ -7,7 +7,6 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	idemredis "github.com/exactlyonce/idempotency/store/redis"
-	goredis "github.com/redis/go-redis/v9"
 )
 
 // TestFenceNeverGoesBack steps the scripts' clock back by an hour (the
@@ -19,13 +18,7 @@ import (
 // mark (its key deleted) the same step hands out a smaller fence, which
 // shows what the test would catch.
 func TestFenceNeverGoesBack(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		client func(testing.TB) goredis.UniversalClient
-	}{
-		{"single", func(tb testing.TB) goredis.UniversalClient { return newSingle(tb) }},
-		{"cluster", func(tb testing.TB) goredis.UniversalClient { return newCluster(tb) }},
-	} {
+	for _, tc := range deployments {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			s := newStore(t, c, nil)
@@ -202,13 +195,7 @@ func TestFenceMemoryOutlivesRecord(t *testing.T) {
 // so a mark left at the claim's time to live when it had to be set again
 // would be gone by the next claim.
 func TestFenceAfterCompletionExpires(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		client func(testing.TB) goredis.UniversalClient
-	}{
-		{"single", func(tb testing.TB) goredis.UniversalClient { return newSingle(tb) }},
-		{"cluster", func(tb testing.TB) goredis.UniversalClient { return newCluster(tb) }},
-	} {
+	for _, tc := range deployments {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			const memory = 500 * time.Millisecond
