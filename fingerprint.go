@@ -48,15 +48,24 @@ func FingerprintJSON(v any) (Fingerprint, error) {
 		}
 		raw = b
 	}
-	if start, end, ok := canonicalSpan(raw); ok {
-		// Already canonical: what jcs.Transform would return.
-		return FingerprintBytes(raw[start:end]), nil
-	}
-	canon, err := jcs.Transform(raw)
+	sum, err := canonicalSum(raw)
 	if err != nil {
 		return "", fmt.Errorf("%w: fingerprint: not canonicalizable JSON: %w", ErrInvalidArgument, err)
 	}
-	return FingerprintBytes(canon), nil
+	return hashFingerprint(sum), nil
+}
+
+// canonicalSum is the SHA-256 of raw's RFC 8785 form.
+func canonicalSum(raw []byte) ([sha256.Size]byte, error) {
+	if start, end, ok := canonicalSpan(raw); ok {
+		// Already canonical: what jcs.Transform would return.
+		return sha256.Sum256(raw[start:end]), nil
+	}
+	canon, err := jcs.Transform(raw)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	return sha256.Sum256(canon), nil
 }
 
 // FingerprintParts hashes several parts (say method, path, query and a
@@ -66,12 +75,16 @@ func FingerprintParts(parts ...string) Fingerprint {
 	// One buffer, on the stack for the usual few short parts, and one
 	// hash over it: no copy per part through the hash.Hash interface.
 	var stack [512]byte
-	b := stack[:0]
+	return hashFingerprint(sha256.Sum256(appendParts(stack[:0], parts...)))
+}
+
+// appendParts appends each part to b, length-prefixed.
+func appendParts(b []byte, parts ...string) []byte {
 	for _, p := range parts {
 		b = appendLenPrefix(b, len(p))
 		b = append(b, p...)
 	}
-	return hashFingerprint(sha256.Sum256(b))
+	return b
 }
 
 const fingerprintPrefix = "sha256:"
@@ -96,22 +109,14 @@ func init() { fphook.JSONRequest = jsonRequestFingerprint }
 // request's parts and FingerprintJSON of its body, with that inner
 // fingerprint on the stack.
 func jsonRequestFingerprint(method, path, query string, body []byte) (string, bool) {
+	sum, err := canonicalSum(body)
+	if err != nil {
+		return "", false
+	}
 	var inner fingerprintBuf
-	if start, end, ok := canonicalSpan(body); ok {
-		formatFingerprint(&inner, sha256.Sum256(body[start:end]))
-	} else {
-		canon, err := jcs.Transform(body)
-		if err != nil {
-			return "", false
-		}
-		formatFingerprint(&inner, sha256.Sum256(canon))
-	}
+	formatFingerprint(&inner, sum)
 	var stack [512]byte
-	b := stack[:0]
-	for _, p := range [...]string{method, path, query, "json"} {
-		b = appendLenPrefix(b, len(p))
-		b = append(b, p...)
-	}
+	b := appendParts(stack[:0], method, path, query, "json")
 	b = appendLenPrefix(b, len(inner))
 	b = append(b, inner[:]...)
 	return string(hashFingerprint(sha256.Sum256(b))), true
