@@ -48,36 +48,29 @@ func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (i
 	// The plain statements first (see claimInsertSQL): they decide fresh
 	// keys, replays, mismatches and claims in progress without a lock;
 	// takeovers, expired rows and races go on to the locking statement.
-	args := []any{r.Key, string(r.Fingerprint), string(r.Token), micros(r.Lease), micros(r.Grace)}
-	readFirst := s.order.readFirst()
-	for i := range 2 {
-		if (i == 0) == readFirst {
-			res, found, decided, err := s.claimRead(ctx, db, r)
-			if i == 0 {
-				s.order.record(found)
-			}
-			if err != nil || decided {
+	if s.order.readFirst() {
+		res, found, decided, err := s.claimRead(ctx, db, r)
+		if err == nil {
+			s.order.record(found)
+		}
+		if err != nil || decided {
+			return res, err
+		}
+		if !found {
+			if res, inserted, err := s.claimInsert(ctx, db, r); err != nil || inserted {
 				return res, err
 			}
-			if found {
-				break // stale: a takeover or an expired row
-			}
-		} else {
-			var fence int64
-			err := db.QueryRow(ctx, s.sql.claimInsert, args...).Scan(&fence)
-			inserted := err == nil
-			if errors.Is(err, pgx.ErrNoRows) {
-				err = nil
-			}
-			if i == 0 && err == nil {
-				s.order.record(!inserted)
-			}
-			switch {
-			case err != nil:
-				return idempotency.ClaimResult{}, wrapErr(ctx, "claim", err)
-			case inserted:
-				return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: fence, Attempt: 1}, nil
-			}
+		}
+	} else {
+		res, inserted, err := s.claimInsert(ctx, db, r)
+		if err == nil {
+			s.order.record(!inserted)
+		}
+		if err != nil || inserted {
+			return res, err
+		}
+		if res, _, decided, err := s.claimRead(ctx, db, r); err != nil || decided {
+			return res, err
 		}
 	}
 	for range claimRetries {
@@ -87,6 +80,20 @@ func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (i
 		}
 	}
 	return idempotency.ClaimResult{}, fmt.Errorf("postgres: claim: the row of key %q kept changing under the statement %d times; try again", r.Key, claimRetries)
+}
+
+// claimInsert runs claimInsertSQL: inserted reports whether it created
+// the record, which res then acquires.
+func (s *Store) claimInsert(ctx context.Context, db DB, r idempotency.ClaimRequest) (res idempotency.ClaimResult, inserted bool, err error) {
+	var fence int64
+	err = db.QueryRow(ctx, s.sql.claimInsert, r.Key, string(r.Fingerprint), string(r.Token), micros(r.Lease), micros(r.Grace)).Scan(&fence)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return res, false, nil
+	case err != nil:
+		return res, false, wrapErr(ctx, "claim", err)
+	}
+	return idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: fence, Attempt: 1}, true, nil
 }
 
 // claimRead runs claimReadSQL: found reports whether the key has a row,
