@@ -92,9 +92,9 @@ type infoRow struct {
 	checkpoints             *string // jsonb as text
 }
 
-// recordInfo turns a row of infoColumns into a RecordInfo. Checkpoints
-// that cannot be decoded give an error matching [idempotency.ErrCorrupt],
-// with the rest of the record.
+// recordInfo turns a row of infoColumns into a RecordInfo. A state other
+// than STARTED or COMPLETED, and checkpoints that cannot be decoded, give
+// an error matching [idempotency.ErrCorrupt], with the rest of the record.
 func recordInfo(c infoRow) (idempotency.RecordInfo, error) {
 	info := idempotency.RecordInfo{
 		Key:         c.key,
@@ -104,8 +104,12 @@ func recordInfo(c infoRow) (idempotency.RecordInfo, error) {
 		Attempt:     int(c.attempt),
 		ExpiresIn:   fromMicros(c.expMicros),
 	}
-	if info.State != idempotency.StateStarted {
+	switch info.State {
+	case idempotency.StateCompleted:
 		return info, nil
+	case idempotency.StateStarted:
+	default:
+		return info, fmt.Errorf("postgres: key %q has unknown state %q: %w", c.key, c.state, idempotency.ErrCorrupt)
 	}
 	info.LeaseLeft = fromMicros(c.leaseMicros)
 	var err error

@@ -4,9 +4,10 @@ import "strings"
 
 // statements are the store's SQL, rendered once for its table.
 //
-// Conventions: every statement reads the server's clock once, in a CTE
-// "c" (clock_timestamp(), not now(), which inside a long transaction would
-// be the transaction's start); durations arrive as bigint microseconds;
+// Conventions: statements read the server's clock with clock_timestamp()
+// (not now(), which inside a long transaction would be the transaction's
+// start), most of them once, in a CTE or subquery "c" (completeSQL, on the
+// hot path, reads it inline); durations arrive as bigint microseconds;
 // every parameter carries a cast, so the statements also work with pgx's
 // exec and simple-protocol modes (PgBouncer transaction pooling).
 type statements struct {
@@ -138,21 +139,27 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expi
 
 // $1 key, $2 token, $3 result, $4 retention µs, and with Options.Notify
 // $5 the key's hash, the payload of the notification sent (at commit) when
-// the row changes: {NOTIFY5} is pg_notify in the RETURNING list of the
-// UPDATE, which the statement (run to completion) evaluates for every
-// changed row, so the payload goes out exactly when the record completes.
-// One row changed: the record is now COMPLETED under the token.
+// the row changes: {RETURNING5} is then RETURNING pg_notify(...), which
+// the statement (run to completion) evaluates for every changed row, so
+// the payload goes out exactly when the record completes; without Notify
+// it is empty. One row changed: the record is now COMPLETED under the
+// token.
+//
+// This statement runs once per fresh Do, so it reads the clock inline
+// rather than in a CTE: the join with a materialized CTE cost PostgreSQL
+// more than the three reads, which happen within microseconds of each
+// other in one execution. The WHERE reads it when it judges the row (again
+// when it re-checks a row that changed while it waited for its lock), and
+// the new lease end and expiry are counted from the time of the write.
 const completeSQL = `
-WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE {T} AS r SET
 	state = 'completed',
 	result = coalesce($3::bytea, ''::bytea),
 	checkpoints = NULL,
-	lease_until = c.now,
-	expires_at = c.now + $4::bigint * interval '1 microsecond'
-FROM c
-WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
-RETURNING {NOTIFY5}`
+	lease_until = clock_timestamp(),
+	expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
+WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > clock_timestamp()
+{RETURNING5}`
 
 // completeFallbackSQL runs when completeSQL changed nothing, and returns
 // whether the record already is COMPLETED under the token (a repeat of
@@ -279,13 +286,13 @@ LIMIT $2::bigint`
 // Complete and Release notify channel (a validated identifier, safe in a
 // literal) with the key's hash.
 func buildStatements(n objectNames, channel string, notify bool) statements {
-	n5, n3, n2 := "1", "1", "1"
+	n5, n3, n2 := "", "1", "1"
 	if notify {
-		n5 = "pg_notify('" + channel + "', $5::text)"
+		n5 = "RETURNING pg_notify('" + channel + "', $5::text)"
 		n3 = "pg_notify('" + channel + "', $3::text)"
 		n2 = "pg_notify('" + channel + "', $2::text)"
 	}
-	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{NOTIFY5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2)
+	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{RETURNING5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2)
 	return statements{
 		leaseLeft:        r.Replace(leaseLeftSQL),
 		inspect:          r.Replace(inspectSQL),
