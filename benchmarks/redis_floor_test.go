@@ -83,7 +83,7 @@ func BenchmarkRedisScale(b *testing.B) {
 	}
 	for _, size := range sizes {
 		for _, op := range []string{"fresh", "replay"} {
-			b.Run(fmt.Sprintf("records=%s/op=%s", size.name, op), func(b *testing.B) {
+			b.Run(fmt.Sprintf("records=%s/op=%s/callers=16", size.name, op), func(b *testing.B) {
 				redisFloor(b, op, 16, size.n)
 			})
 		}

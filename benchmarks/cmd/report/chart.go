@@ -132,7 +132,8 @@ func throughput(rows []row, env string) string {
 // ratios draws the ratio of every floor and scale comparison as a
 // horizontal bar (the median, with a whisker over the range of the runs)
 // on a linear axis from 0 to 1.2, with the target of each marked: 0.9 for
-// the floors, 0.8 for the scale runs. withEnv adds the line describing the
+// the floors, 0.8 for the scale runs against an empty store, and 0.8 of
+// the ratio with no records for the scale runs against a floor. withEnv adds the line describing the
 // machine, when no throughput panel above has it. It returns the SVG and
 // its height.
 func ratios(c comparisons, env string, withEnv bool) (string, int) {
@@ -146,7 +147,19 @@ func ratios(c comparisons, env string, withEnv bool) (string, int) {
 		bars = append(bars, bar{fmt.Sprintf("%s %s, %d caller(s): Do vs raw floor", f.backend, f.workload, f.callers), colors[f.backend], f.ratio, 0.9})
 	}
 	for _, s := range c.scales {
-		bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: loaded vs empty", s.backend, s.workload, s.records), colors[s.backend], s.ratio, 0.8})
+		if !s.againstFloor() {
+			bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: loaded vs empty", s.backend, s.workload, s.records), colors[s.backend], s.ratio, 0.8})
+			continue
+		}
+		// Against a floor at each size, the target is 0.8 of the ratio
+		// with no records stored (none is marked without that run).
+		target := 0.0
+		for _, base := range c.scales {
+			if base.againstFloor() && base.backend == s.backend && base.workload == s.workload && base.callers == s.callers && base.records == "0" {
+				target = 0.8 * base.ratio.med
+			}
+		}
+		bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: Do vs raw floor", s.backend, s.workload, s.records), colors[s.backend], s.ratio, target})
 	}
 	const (
 		left, right, top, rowH = 300, 40, 70, 22
@@ -176,7 +189,9 @@ func ratios(c comparisons, env string, withEnv bool) (string, int) {
 		p(`<rect x="%.1f" y="%.1f" width="%.1f" height="14" fill="%s"><title>%s: %.2f (%.2f–%.2f)</title></rect>`,
 			x0, y+2, x(br.s.med)-x0, color, html.EscapeString(br.label), br.s.med, br.s.lo, br.s.hi)
 		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`, x(br.s.lo), y+9, x(br.s.hi), y+9)
-		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2"/>`, x(br.target), y, x(br.target), y+18)
+		if br.target > 0 {
+			p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2"/>`, x(br.target), y, x(br.target), y+18)
+		}
 		p(`<text x="%.1f" y="%.1f" font-size="10">%.2f</text>`, x(math.Max(br.s.med, br.s.hi))+4, y+13, br.s.med)
 	}
 	return b.String(), height

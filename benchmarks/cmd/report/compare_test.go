@@ -20,6 +20,8 @@ BenchmarkRedisFloor/op=replay/callers=16-2          	    3000	     50000 ns/op	 
 BenchmarkRedisFloor/op=replay/callers=16-2          	    3000	     60000 ns/op	         0.8500 ratio	     51000 raw-ns/op	         1.000 roundtrips/op
 BenchmarkPostgresScale/records=1e6/op=fresh/callers=16-2   	 3000	 200000 ns/op	 560.0 bytes/record	 180000 empty-ns/op	 0.9000 ratio	 2.000 roundtrips/op
 BenchmarkRedisClusterScale/records=1e5/op=replay/callers=16-2   	 3000	 60000 ns/op	 300.0 bytes/record	 57000 empty-ns/op	 0.9500 ratio	 1.000 roundtrips/op
+BenchmarkRedisScale/records=0/op=fresh/callers=16-2   	 2000	 100000 ns/op	 0.5000 ratio	 50000 raw-ns/op	 2.015 roundtrips/op
+BenchmarkRedisScale/records=1e6/op=fresh/callers=16-2   	 2000	 110000 ns/op	 1040 bytes/record	 0.4500 ratio	 49500 raw-ns/op	 2.015 roundtrips/op
 BenchmarkPostgresScale/sweep=1e6/callers=16-2   	       1	 41000000000 ns/op	 3.000 p99-base-ms	 4.500 p99-sweep-ms	 1.500 p99-ratio	 1000001 swept
 --- BENCH: BenchmarkPostgresScale/records=1e6/op=fresh/callers=16-2
     postgres_scale_test.go:123: preloaded 1000001 records
@@ -32,8 +34,8 @@ func TestComparisons(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := collect(names, runs)
-	if len(c.floors) != 2 || len(c.scales) != 2 || len(c.sweeps) != 1 {
-		t.Fatalf("found %d floors, %d scales, %d sweeps, want 2, 2, 1", len(c.floors), len(c.scales), len(c.sweeps))
+	if len(c.floors) != 2 || len(c.scales) != 4 || len(c.sweeps) != 1 {
+		t.Fatalf("found %d floors, %d scales, %d sweeps, want 2, 4, 1", len(c.floors), len(c.scales), len(c.sweeps))
 	}
 	if f := c.floors[0]; f.backend != "postgres" || f.runs != 2 || math.Abs(f.ratio.med-0.85) > 1e-9 || f.ratio.lo != 0.8 || f.ratio.hi != 0.9 || f.do.med != 390000 {
 		t.Errorf("postgres floor: %+v", f)
@@ -47,6 +49,9 @@ func TestComparisons(t *testing.T) {
 		"| postgres | 1e6 | fresh | 16 | 200 µs | 180 µs | **0.90** | 560 |",
 		"| redis-cluster | 1e5 | replay | 16 |",
 		"| postgres | 1e6 | 16 | 41.0 s | 3.00 ms | 4.50 ms | **1.50** |",
+		"against a raw floor on the same server",
+		"| redis | 0 | fresh | 16 | 100 µs | 50 µs | **0.50** | 0 |",
+		"| redis | 1e6 | fresh | 16 | 110 µs | 50 µs | **0.45** | 1040 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("comparison tables lack %q:\n%s", want, out)
@@ -64,7 +69,7 @@ func TestComparisons(t *testing.T) {
 			t.Fatalf("chart is not well-formed XML: %v\n%s", err, svg)
 		}
 	}
-	for _, want := range []string{"postgres fresh, 1 caller(s): Do vs raw floor", "redis-cluster replay, 1e5 records: loaded vs empty", ">0.85<", "Ratios to a baseline"} {
+	for _, want := range []string{"postgres fresh, 1 caller(s): Do vs raw floor", "redis-cluster replay, 1e5 records: loaded vs empty", "redis fresh, 1e6 records: Do vs raw floor", ">0.85<", "Ratios to a baseline"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("chart lacks %q", want)
 		}
