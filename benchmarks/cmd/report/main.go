@@ -108,6 +108,7 @@ func main() {
 		}
 	}
 
+	var earlierEnv string
 	if *workloadsFrom != "" {
 		b, err := os.ReadFile(*workloadsFrom)
 		if err != nil {
@@ -116,6 +117,7 @@ func main() {
 		if rows, err = parseMarkdown(string(b)); err != nil {
 			fatal(fmt.Errorf("%s: %w", *workloadsFrom, err))
 		}
+		earlierEnv = environmentOf(string(b))
 	}
 	var cmpOut string
 	switch {
@@ -138,7 +140,10 @@ func main() {
 	cmps := collect(names, runs)
 
 	env := environment(*duration, *count)
-	if *workloadsFrom != "" {
+	switch {
+	case earlierEnv != "":
+		env = earlierEnv
+	case *workloadsFrom != "":
 		env = fmt.Sprintf("%s/%s; workload figures read from %s", runtime.GOOS, runtime.GOARCH, *workloadsFrom)
 	}
 	if len(rows) > 0 || len(failed) > 0 {
@@ -222,6 +227,23 @@ func environment(d time.Duration, count int) string {
 	return fmt.Sprintf("%s/%s, %d CPUs, GOMAXPROCS %d, %s; %s; parallel workloads on %d goroutines",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runs,
 		bench.Parallelism*runtime.GOMAXPROCS(0))
+}
+
+// environmentOf returns the description of the machine and the runs in
+// an earlier output of the report (what writeMarkdown put in parentheses
+// on its first line), or "" when it has none.
+func environmentOf(report string) string {
+	const prefix = "Workloads through idempotency.Do with a "
+	line, _, _ := strings.Cut(report, "\n")
+	rest, ok := strings.CutPrefix(line, prefix)
+	if !ok {
+		return ""
+	}
+	_, env, ok := strings.Cut(rest, " (")
+	if !ok || !strings.HasSuffix(env, ").") {
+		return ""
+	}
+	return strings.TrimSuffix(env, ").")
 }
 
 func writeMarkdown(w io.Writer, rows []row, skipped, failed []string, env string) {

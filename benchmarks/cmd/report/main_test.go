@@ -104,6 +104,12 @@ func TestMarkdownRoundTrip(t *testing.T) {
 			t.Errorf("row %d read back as %+v, want %+v", i, r, w)
 		}
 	}
+	if env, want := environmentOf(b.String()), environment(time.Second, 1); env != want {
+		t.Errorf("environment read back as %q, want %q", env, want)
+	}
+	if env := environmentOf("no header here\n"); env != "" {
+		t.Errorf("environment of a text without the header: %q", env)
+	}
 	if got := rows[2].extra["inprogress/op"]; got != 0.375 {
 		t.Errorf("contended in progress read back as %v, want 0.375", got)
 	}
