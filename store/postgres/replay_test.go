@@ -29,12 +29,8 @@ func TestReplayTakesNoLock(t *testing.T) {
 }
 
 func testReplayTakesNoLock(t *testing.T, readFirst bool) {
-	pool := testPool(t, pgx.QueryExecModeCacheStatement)
-	table := "nolock_" + randomHex(4)
-	s := newStore(t, pool, &postgres.Options{Table: table})
-	postgres.PinClaimOrder(s, readFirst)
+	pool, s, qualified := pinnedStore(t, "nolock_", readFirst)
 	ctx := t.Context()
-	qualified := pgx.Identifier{testSchema, table}.Sanitize()
 
 	claim := func(ctx context.Context, key, fp string, tok idempotency.Token) (idempotency.ClaimResult, error) {
 		return s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: idempotency.Fingerprint(fp), Token: tok, Lease: time.Minute, Grace: time.Minute})

@@ -10,6 +10,7 @@ import (
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/store/postgres"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestUnknownStateIsCorrupt: the table has no CHECK on state (see
@@ -21,12 +22,8 @@ import (
 func TestUnknownStateIsCorrupt(t *testing.T) {
 	for _, readFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("readFirst=%v", readFirst), func(t *testing.T) {
-			pool := testPool(t, pgx.QueryExecModeCacheStatement)
-			table := "state_" + randomHex(4)
-			s := newStore(t, pool, &postgres.Options{Table: table})
-			postgres.PinClaimOrder(s, readFirst)
+			pool, s, qualified := pinnedStore(t, "state_", readFirst)
 			ctx := t.Context()
-			qualified := pgx.Identifier{testSchema, table}.Sanitize()
 
 			req := idempotency.ClaimRequest{Key: "k", Fingerprint: "fp", Token: "t1", Lease: time.Minute, Grace: time.Minute}
 			if res, err := s.Claim(ctx, req); err != nil || res.Outcome != idempotency.OutcomeAcquired {
@@ -78,4 +75,16 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// pinnedStore returns a pool, a store on a new table named prefix and
+// random hex digits, whose claims start with the read when readFirst (see
+// postgres.PinClaimOrder), and the table's quoted, qualified name.
+func pinnedStore(t *testing.T, prefix string, readFirst bool) (*pgxpool.Pool, *postgres.Store, string) {
+	t.Helper()
+	pool := testPool(t, pgx.QueryExecModeCacheStatement)
+	table := prefix + randomHex(4)
+	s := newStore(t, pool, &postgres.Options{Table: table})
+	postgres.PinClaimOrder(s, readFirst)
+	return pool, s, pgx.Identifier{testSchema, table}.Sanitize()
 }

@@ -240,24 +240,10 @@ func writeComparisons(w io.Writer, c comparisons) {
 			vsEmpty = append(vsEmpty, s)
 		}
 	}
-	if len(vsEmpty) > 0 {
-		fmt.Fprintln(w, "\nDo on a store already holding live records against an empty one, alternating (BenchmarkXxxScale; ratio = empty time ÷ loaded time; target 0.8):")
-		fmt.Fprintln(w, "\n| backend | records | workload | callers | Do, loaded | Do, empty | ratio | bytes/record |")
-		fmt.Fprintln(w, "|---|--:|---|--:|--:|--:|--:|--:|")
-		for _, s := range vsEmpty {
-			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %.0f |\n",
-				s.backend, s.records, s.workload, s.callers, ms(s.do.med), ms(s.empty.med), ranged(s.ratio, s.runs), s.bytesPerRecord)
-		}
-	}
-	if len(vsFloor) > 0 {
-		fmt.Fprintln(w, "\nDo on a store already holding live records against a raw floor on the same server, alternating, at each size (BenchmarkXxxScale with a floor; ratio = floor time ÷ Do time; the records do not slow Do down when the ratio holds from 0 records up, within 20%):")
-		fmt.Fprintln(w, "\n| backend | records | workload | callers | Do | floor | ratio | bytes/record |")
-		fmt.Fprintln(w, "|---|--:|---|--:|--:|--:|--:|--:|")
-		for _, s := range vsFloor {
-			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %.0f |\n",
-				s.backend, s.records, s.workload, s.callers, ms(s.do.med), ms(s.floor.med), ranged(s.ratio, s.runs), s.bytesPerRecord)
-		}
-	}
+	writeScaleTable(w, vsEmpty, "Do on a store already holding live records against an empty one, alternating (BenchmarkXxxScale; ratio = empty time ÷ loaded time; target 0.8):",
+		"Do, loaded | Do, empty", func(s scaleRow) stat { return s.empty })
+	writeScaleTable(w, vsFloor, "Do on a store already holding live records against a raw floor on the same server, alternating, at each size (BenchmarkXxxScale with a floor; ratio = floor time ÷ Do time; the records do not slow Do down when the ratio holds from 0 records up, within 20%):",
+		"Do | floor", func(s scaleRow) stat { return s.floor })
 	if len(c.sweeps) > 0 {
 		fmt.Fprintln(w, "\nClaims beside a sweep of expired records (p99 claim latency before and during the sweep; target: ratio at most 2):")
 		fmt.Fprintln(w, "\n| backend | expired rows | callers | sweep | claim p99 before | during | ratio |")
@@ -266,5 +252,21 @@ func writeComparisons(w io.Writer, c comparisons) {
 			fmt.Fprintf(w, "| %s | %s | %d | %.1f s | %.2f ms | %.2f ms | %s |\n",
 				s.backend, s.rows, s.callers, s.seconds.med, s.base.med, s.during.med, ranged(s.r, s.runs))
 		}
+	}
+}
+
+// writeScaleTable writes the scale rows under intro, if there are any:
+// Do's time and the baseline's (heads names the two columns), the ratio
+// and the bytes per record.
+func writeScaleTable(w io.Writer, rows []scaleRow, intro, heads string, baseline func(scaleRow) stat) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\n"+intro)
+	fmt.Fprintf(w, "\n| backend | records | workload | callers | %s | ratio | bytes/record |\n", heads)
+	fmt.Fprintln(w, "|---|--:|---|--:|--:|--:|--:|--:|")
+	for _, s := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %.0f |\n",
+			s.backend, s.records, s.workload, s.callers, ms(s.do.med), ms(baseline(s).med), ranged(s.ratio, s.runs), s.bytesPerRecord)
 	}
 }
