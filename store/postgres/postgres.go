@@ -228,7 +228,7 @@ var schemaTemplate string
 
 var schemaTmpl = template.Must(template.New("schema").Parse(schemaTemplate))
 
-// Schema returns the SQL that creates the store's table, sequence and index
+// Schema returns the SQL that creates the store's table, sequence and indexes
 // for opts (nil means defaults), for teams that apply migrations with
 // golang-migrate, goose or Atlas instead of [Store.Migrate]. Every statement
 // is idempotent (IF NOT EXISTS). It returns an error wrapping
@@ -249,7 +249,7 @@ func renderSchema(n objectNames) string {
 	return b.String()
 }
 
-// Migrate creates the store's table, sequence and index if they do not
+// Migrate creates the store's table, sequence and indexes if they do not
 // exist. It is safe to run repeatedly and from several instances at once:
 // the statements run in one implicit transaction that first takes an
 // advisory lock keyed by the table's name. Given a pgx.Tx, it runs inside
