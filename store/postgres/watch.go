@@ -90,6 +90,9 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 	// read below sure to be notified.
 	select {
 	case <-a.done:
+		if errors.Is(a.err, errClosed) {
+			return nil // woken by Close before the listener listened
+		}
 		if a.err != nil {
 			return wrapErr(ctx, "watch: listen", a.err)
 		}
@@ -301,6 +304,9 @@ func (l *listener) run(ctx context.Context, sess *session) {
 	backoff := listenBackoffMin
 	for {
 		conn, err := l.dial(ctx)
+		if err != nil && ctx.Err() != nil {
+			err = errClosed // stopped while connecting
+		}
 		l.mu.Lock()
 		a := sess.ready
 		a.err = err
