@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -17,10 +16,10 @@ import (
 
 // inspector returns the runner's store as an Inspector.
 func (r *Runner) inspector(op string) (Inspector, error) {
-	if in, ok := r.store.(Inspector); ok {
+	if in := r.caps.Inspector; in != nil {
 		return in, nil
 	}
-	return nil, fmt.Errorf("idempotency: %s: the store (%T) does not implement Inspector: %w", op, r.store, errors.ErrUnsupported)
+	return nil, fmt.Errorf("idempotency: %s: the store (%T) has no Inspector (Capabilities): %w", op, r.store, errors.ErrUnsupported)
 }
 
 // Inspect returns the record of req's scope and key (its fingerprint is
@@ -64,7 +63,7 @@ func (r *Runner) InspectStorageKey(ctx context.Context, key string, withResult b
 }
 
 // Purge deletes the record of req's scope and key, whatever its state, and
-// reports an [EventPurged] to the observer. The next call with the key
+// reports an OutcomePurged event to the observer. The next call with the key
 // runs fn afresh (with a greater fence); a holder still running gets
 // [ErrLeaseLost] when it next writes, and a retry that arrives meanwhile
 // may run fn while it does: purge a STARTED record only when its holder is
@@ -82,10 +81,10 @@ func (r *Runner) Purge(ctx context.Context, req Request) error {
 	start := time.Now()
 	err = r.retry(ctx, func(ctx context.Context) error { return in.Purge(ctx, key) })
 	if err != nil {
-		r.observe(ctx, Event{Kind: EventStoreError, Key: key, Scope: req.Scope, Duration: time.Since(start), Err: err})
+		r.observe(ctx, Event{Outcome: OutcomeStoreError, Key: key, Scope: req.Scope, Duration: time.Since(start), Err: err})
 		return &StoreError{Op: "purge", Err: err}
 	}
-	r.observe(ctx, Event{Kind: EventPurged, Key: key, Scope: req.Scope, Duration: time.Since(start)})
+	r.observe(ctx, Event{Outcome: OutcomePurged, Key: key, Scope: req.Scope, Duration: time.Since(start)})
 	return nil
 }
 
@@ -122,9 +121,9 @@ func (r *Runner) Stuck(ctx context.Context, cursor string, limit int) ([]RecordI
 // backend expires records itself (Redis, etcd) need no sweeping and
 // return an error matching errors.ErrUnsupported.
 func (r *Runner) Sweep(ctx context.Context, limit int) (int, error) {
-	sw, ok := r.store.(Sweeper)
-	if !ok {
-		return 0, fmt.Errorf("idempotency: sweep: the store (%T) expires records itself: %w", r.store, errors.ErrUnsupported)
+	sw := r.caps.Sweeper
+	if sw == nil {
+		return 0, fmt.Errorf("idempotency: sweep: the store (%T) has no Sweeper (Capabilities): it expires records itself: %w", r.store, errors.ErrUnsupported)
 	}
 	n, err := sw.Sweep(ctx, limit)
 	if err != nil {
@@ -135,58 +134,4 @@ func (r *Runner) Sweep(ctx context.Context, limit int) (int, error) {
 
 func (r *Runner) adminKey(req Request) (string, error) {
 	return storageKey(req.Scope, req.Key, r.cfg.maxKeyLen)
-}
-
-// ParseStorageKey splits a storage key made by [StorageKey] (or a Runner)
-// back into its scope parts and client key. It returns an error wrapping
-// [ErrInvalidKey] for a string that is not such a key.
-func ParseStorageKey(encoded string) (scope []string, key string, err error) {
-	var parts []string
-	for s := encoded; s != ""; {
-		i := 0
-		for i < len(s) && i < 5 && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == 0 || i >= len(s) || s[i] != ':' || (i > 1 && s[0] == '0') {
-			return nil, "", invalidKey("not a storage key", encoded)
-		}
-		n, _ := strconv.Atoi(s[:i])
-		s = s[i+1:]
-		if n > len(s) {
-			return nil, "", invalidKey("not a storage key", encoded)
-		}
-		parts = append(parts, s[:n])
-		s = s[n:]
-	}
-	if len(parts) == 0 {
-		return nil, "", invalidKey("not a storage key", encoded)
-	}
-	scope, key = parts[:len(parts)-1], parts[len(parts)-1]
-	// Only what StorageKey makes: no empty scope part or key, no control
-	// characters, valid UTF-8 (the key's length is the runner's to limit).
-	if _, err := storageKey(scope, key, len(key)); err != nil {
-		return nil, "", fmt.Errorf("%w (not a storage key: %w)", ErrInvalidKey, err)
-	}
-	return scope, key, nil
-}
-
-// DescribeResult tells what a stored result (RecordInfo.Result) holds:
-// kind "value" with the codec-encoded value, "bytes" with a []byte result
-// stored as it is (the default codec's form of []byte results since
-// v0.2.0), "error" with the codec-encoded message of a permanent error, or
-// "not_stored" for the marker of a success whose result could not be kept.
-func DescribeResult(stored []byte) (kind string, payload []byte, err error) {
-	k, p, err := decodeResult(stored)
-	if err != nil {
-		return "", nil, err
-	}
-	switch k {
-	case resultValue:
-		return "value", p, nil
-	case resultBytes:
-		return "bytes", p, nil
-	case resultError:
-		return "error", p, nil
-	}
-	return "not_stored", nil, nil
 }

@@ -51,9 +51,9 @@ func ExampleReconcile() {
 
 	// The crashed holder, as the store saw it: claimed, one step done.
 	key, _ := r.StorageKey(idempotency.Request{Scope: []string{"acct_42"}, Key: "order-7"})
-	store.Claim(ctx, idempotency.ClaimRequest{Key: key, Token: "dead", Lease: r.Lease(), Grace: time.Hour})
+	store.Claim(ctx, idempotency.ClaimRequest{Key: key, Token: "dead", Lease: idempotency.DefaultLease, Grace: time.Hour})
 	store.Checkpoint(ctx, key, "dead", "charge", []byte(`"ch_123"`))
-	clock.Advance(r.Lease() + time.Second) // its lease runs out
+	clock.Advance(idempotency.DefaultLease + time.Second) // its lease runs out
 
 	report, err := idempotency.Reconcile(ctx, r, 100, func(ctx context.Context, s idempotency.StuckRecord) (idempotency.Resolution[string], error) {
 		if charge, ok := s.Checkpoints["charge"]; ok {

@@ -23,7 +23,7 @@ func crash(t *testing.T, r *idempotency.Runner, s idempotency.Store, req idempot
 		t.Fatal(err)
 	}
 	tok := idempotency.Token("dead-holder-" + req.Key)
-	res, err := s.Claim(context.Background(), idempotency.ClaimRequest{Key: key, Fingerprint: req.Fingerprint, Token: tok, Lease: r.Lease(), Grace: time.Hour})
+	res, err := s.Claim(context.Background(), idempotency.ClaimRequest{Key: key, Fingerprint: req.Fingerprint, Token: tok, Lease: idempotency.DefaultLease, Grace: time.Hour})
 	if err != nil || res.Outcome != idempotency.OutcomeAcquired {
 		t.Fatalf("crash: claim %+v, %v", res, err)
 	}
@@ -36,8 +36,8 @@ func crash(t *testing.T, r *idempotency.Runner, s idempotency.Store, req idempot
 }
 
 func TestInspectPurgeStuck(t *testing.T) {
-	var events []idempotency.EventKind
-	obs := idempotency.ObserverFunc(func(_ context.Context, e idempotency.Event) { events = append(events, e.Kind) })
+	var events []idempotency.Outcome
+	obs := idempotency.ObserverFunc(func(_ context.Context, e idempotency.Event) { events = append(events, e.Outcome) })
 	r, s, clock := newRunner(t, idempotency.WithObserver(obs))
 	ctx := context.Background()
 
@@ -67,7 +67,7 @@ func TestInspectPurgeStuck(t *testing.T) {
 	if got, _, err := r.Stuck(ctx, "", 10); err != nil || len(got) != 0 {
 		t.Fatalf("Stuck while the lease lives: %+v, %v", got, err)
 	}
-	clock.Advance(r.Lease() + time.Second)
+	clock.Advance(idempotency.DefaultLease + time.Second)
 	got, next, err := r.Stuck(ctx, "", 10)
 	sk, _ := r.StorageKey(stuck)
 	if err != nil || next != "" || len(got) != 1 || got[0].Key != sk || got[0].Fence != deadFence || got[0].Result != nil {
@@ -82,7 +82,7 @@ func TestInspectPurgeStuck(t *testing.T) {
 	if err := r.Purge(ctx, stuck); err != nil {
 		t.Fatal(err)
 	}
-	if len(events) != 1 || events[0] != idempotency.EventPurged {
+	if len(events) != 1 || events[0] != idempotency.OutcomePurged {
 		t.Fatalf("events after Purge: %v, want [purged]", events)
 	}
 	var runs atomic.Int32

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -145,9 +144,4 @@ func invalidArg(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
-func invalidKey(why string, key string) error {
-	if len(key) > 64 {
-		key = key[:64] + "..."
-	}
-	return fmt.Errorf("%w: %s: %s", ErrInvalidKey, why, strconv.Quote(key))
-}
+func isMarkedPermanent(err error) bool { return errors.Is(err, ErrPermanent) }

@@ -1,6 +1,8 @@
 package idempotency_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -115,4 +117,25 @@ func FuzzStorageKey(f *testing.F) {
 			t.Fatalf("(%q,%q)->%q, (%q,%q)->%q", s1, k1, a, s2, k2, b)
 		}
 	})
+}
+
+// TestFingerprintJSONStable pins the fingerprint of a document in every
+// spelling, fast path or not, to the value v0.1.0 computed: the SHA-256 of
+// the RFC 8785 form. A change here would turn retries of requests recorded
+// by earlier versions into mismatches.
+func TestFingerprintJSONStable(t *testing.T) {
+	const canon = `{"amount":1000,"currency":"EUR","customer":"cus_42","tags":["a\nb","é"],"x":1.5}`
+	sum := sha256.Sum256([]byte(canon))
+	want := idempotency.Fingerprint("sha256:" + hex.EncodeToString(sum[:]))
+	for _, s := range []string{
+		canon,
+		canon + "\n",
+		`{"x":1.50,"tags":["a\u000ab","\u00e9"],"customer":"cus_42","currency":"EUR","amount":1e3}`,
+		"{\n  \"amount\": 1000,\n  \"currency\": \"EUR\",\n  \"customer\": \"cus_42\",\n  \"tags\": [\"a\\nb\", \"é\"],\n  \"x\": 1.5\n}",
+	} {
+		got, err := idempotency.FingerprintJSON([]byte(s))
+		if err != nil || got != want {
+			t.Errorf("%s: %s, %v; want %s", s, got, err, want)
+		}
+	}
 }

@@ -296,7 +296,7 @@ func checkRecoveryPoint[T any](t *testing.T, data []byte, mode uint8, value func
 		t.Fatalf("seed checkpoint: %v", err)
 	}
 	for attempt := 2; attempt <= 3; attempt++ { // two takeovers
-		clock.Advance(r.Lease() + time.Minute)
+		clock.Advance(idempotency.DefaultLease + time.Minute)
 		res, err := idempotency.Do(ctx, r, fuzzReq, func(ctx context.Context) (T, error) {
 			return idempotency.Step(ctx, "call-gateway", func(context.Context) (T, error) {
 				t.Fatalf("takeover %d ran a recorded step again (point %q)", attempt, point)

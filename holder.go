@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"container/heap"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -22,7 +23,12 @@ type holder struct {
 	token     Token
 	fence     int64
 	attempt   int
-	cancel    context.CancelCauseFunc
+	// tx: the call runs in a transaction of the caller's (see
+	// [Transactional]): no heartbeat, no recovery points, one attempt per
+	// store call (attempts).
+	tx       bool
+	attempts int
+	cancel   context.CancelCauseFunc
 	after     boundedCtx // the context of the store calls after fn
 	// afterAttempt is the context of the first attempt of the store call
 	// after fn (Complete or Release), which is made once.
@@ -73,6 +79,9 @@ func holderFrom(ctx context.Context) *holder {
 // their events get the holder as their context: fn's values, not its
 // cancellation.
 func (h *holder) startHeartbeat(claimed mono) {
+	if h.tx {
+		return // the transaction holds the record locked
+	}
 	h.mu.Lock()
 	h.renewed = claimed
 	h.next = claimed.add(h.r.cfg.lease / 3)
@@ -87,7 +96,9 @@ func (h *holder) stopHeartbeat() {
 	h.mu.Lock()
 	h.stopped = true
 	h.mu.Unlock()
-	h.r.heartbeats.unschedule(h)
+	if !h.tx {
+		h.r.heartbeats.unschedule(h)
+	}
 }
 
 // errNotRenewed is why fn is stopped when no renewal succeeded in time.
@@ -161,7 +172,7 @@ func (h *holder) beat() {
 		}
 		// Try again soon, while there is time left.
 		interval = max(min(interval, left/2), time.Millisecond)
-		r.observe(h, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: sent.since(), Err: err})
+		r.observe(h, Event{Outcome: OutcomeStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: sent.since(), Err: err})
 	}
 	h.next = next.add(interval)
 	h.mu.Unlock()
@@ -179,7 +190,7 @@ func (h *holder) lose(err error) {
 	}
 	h.lost = true
 	h.mu.Unlock()
-	h.r.observe(h, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
+	h.r.observe(h, Event{Outcome: OutcomeLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Err: err})
 	h.cancel(ErrLeaseLost)
 }
 
@@ -192,7 +203,7 @@ func (h *holder) wasLost() bool {
 
 func (h *holder) complete(ctx context.Context, stored []byte) error {
 	r := h.r
-	return r.retryIn(ctx, h.attemptStorage(), func(ctx context.Context) error {
+	return r.retryIn(ctx, h.attemptStorage(), h.attempts, func(ctx context.Context) error {
 		return r.store.Complete(ctx, h.key, h.token, stored, r.cfg.retention)
 	})
 }
@@ -213,16 +224,16 @@ func (h *holder) attemptStorage() *boundedCtx {
 // error, already observed.
 func (h *holder) release(ctx context.Context, start mono, cause error) error {
 	r := h.r
-	err := r.retryIn(ctx, h.attemptStorage(), func(ctx context.Context) error {
+	err := r.retryIn(ctx, h.attemptStorage(), h.attempts, func(ctx context.Context) error {
 		return r.store.Release(ctx, h.key, h.token)
 	})
-	e := Event{Kind: EventReleased, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: cause}
+	e := Event{Outcome: OutcomeReleased, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: cause}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		e.Kind, e.Err = EventLeaseLost, err
+		e.Outcome, e.Err = OutcomeLeaseLost, err
 	case err != nil:
 		// The lease will end on its own; a retry waits for it.
-		e.Kind, e.Err = EventStoreError, err
+		e.Outcome, e.Err = OutcomeStoreError, err
 	}
 	r.observe(ctx, e)
 	return err
@@ -242,27 +253,13 @@ type Info struct {
 	Attempt int
 }
 
-// FromContext returns the lease of the [Do] call whose fn received ctx, or
-// the Info an adapter's own execution mode attached with [NewContext].
+// FromContext returns the lease of the [Do] call whose fn received ctx
+// (or a context derived from it).
 func FromContext(ctx context.Context) (Info, bool) {
 	if h := holderFrom(ctx); h != nil {
 		return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
 	}
-	if ctx == nil {
-		return Info{}, false
-	}
-	info, ok := ctx.Value(infoKey{}).(Info)
-	return info, ok
-}
-
-type infoKey struct{}
-
-// NewContext returns a copy of ctx carrying info, for adapters that run fn
-// in an execution mode of their own (such as a database transaction) so
-// that [FromContext] and [DownstreamKey] work inside it as they do in
-// [Do]. [Step] still needs [Do]: it returns an error in such a context.
-func NewContext(ctx context.Context, info Info) context.Context {
-	return context.WithValue(ctx, infoKey{}, info)
+	return Info{}, false
 }
 
 // DownstreamKey derives an idempotency key for a downstream call (a payment
@@ -294,6 +291,12 @@ func DownstreamKey(ctx context.Context, prefix string) (string, error) {
 // releases the record: it keeps its recovery points and stays STARTED
 // until its lease ends, listed by [Runner.Stuck], so that no retry runs
 // the step again while the record lives.
+//
+// In a transaction of the caller's ([Transactional], such as the PostgreSQL
+// adapter's DoTx), Step runs step and records nothing in the store: the
+// transaction is the recovery point, as fn's writes commit together with
+// its result or not at all. A later Step of the same name in the same call
+// still returns the first result.
 //
 // An error from step is returned and nothing is recorded, so a later
 // attempt runs the step again. If the result cannot be recorded, Step
@@ -336,9 +339,11 @@ func Step[T any](ctx context.Context, name string, step func(ctx context.Context
 	if err != nil {
 		return v, err
 	}
-	err = r.retry(ctx, func(ctx context.Context) error {
-		return r.store.Checkpoint(ctx, h.key, h.token, name, b)
-	})
+	if !h.tx {
+		err = r.retry(ctx, func(ctx context.Context) error {
+			return r.store.Checkpoint(ctx, h.key, h.token, name, b)
+		})
+	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		h.lose(err)
@@ -365,3 +370,92 @@ type corruptPointError struct{ err error }
 
 func (e *corruptPointError) Error() string { return e.err.Error() }
 func (e *corruptPointError) Unwrap() error { return e.err }
+
+// heartbeats schedules the lease renewals of all of a runner's holders on
+// one timer. A timer per call would cost two allocations and a timer
+// operation on every Do; most calls finish long before their first
+// renewal is due, and for them the schedule costs a heap push and pop.
+// A due renewal runs on a goroutine of its own, so a slow store delays
+// no other holder's.
+type heartbeats struct {
+	mu    sync.Mutex
+	queue beatQueue
+	timer *time.Timer // made on first use, then Reset
+	armed mono        // when timer fires; zero when it is not armed
+}
+
+// schedule queues h's next renewal at h.next. It reschedules the timer
+// only when h is due before the timer fires, which, as every holder renews
+// at the same interval, is rare while holders keep arriving.
+func (hb *heartbeats) schedule(h *holder) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	heap.Push(&hb.queue, h)
+	if hb.armed == 0 || h.next < hb.armed {
+		hb.arm(h.next)
+	}
+}
+
+// unschedule removes h from the queue if it is there. The timer is left
+// armed: a spurious firing finds nothing due and costs less than stopping
+// and restarting it for every call.
+func (hb *heartbeats) unschedule(h *holder) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if h.index >= 0 {
+		heap.Remove(&hb.queue, h.index)
+	}
+}
+
+// arm makes the timer fire at t. Called with mu held.
+func (hb *heartbeats) arm(t mono) {
+	d := time.Duration(t - monoNow())
+	if hb.timer == nil {
+		hb.timer = time.AfterFunc(d, hb.fire)
+	} else {
+		hb.timer.Reset(d)
+	}
+	hb.armed = t
+}
+
+// fire starts the renewals that are due and arms the timer for the next.
+func (hb *heartbeats) fire() {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	hb.armed = 0
+	now := monoNow()
+	for len(hb.queue) > 0 && hb.queue[0].next <= now {
+		h := heap.Pop(&hb.queue).(*holder)
+		go h.beat() // it schedules its next renewal itself
+	}
+	if len(hb.queue) > 0 {
+		hb.arm(hb.queue[0].next)
+	}
+}
+
+// beatQueue is a min-heap of holders by their next renewal.
+type beatQueue []*holder
+
+func (q beatQueue) Len() int           { return len(q) }
+func (q beatQueue) Less(i, j int) bool { return q[i].next < q[j].next }
+func (q beatQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index = i
+	q[j].index = j
+}
+
+func (q *beatQueue) Push(x any) {
+	h := x.(*holder)
+	h.index = len(*q)
+	*q = append(*q, h)
+}
+
+func (q *beatQueue) Pop() any {
+	old := *q
+	n := len(old)
+	h := old[n-1]
+	old[n-1] = nil
+	h.index = -1
+	*q = old[:n-1]
+	return h
+}

@@ -36,9 +36,16 @@ import (
 // Runner runs functions once per idempotency key against a [Store]. It is
 // safe for concurrent use; make one per store and configuration.
 type Runner struct {
-	store      Store
-	watcher    Watcher // store as a Watcher, or nil
-	cfg        config
+	store Store
+	caps  Capabilities
+	cfg   config
+	// maxPayload bounds an encoded result: the configured limit, or the
+	// store's, less the byte of framing.
+	maxPayload int
+	// rawBytes: []byte results are stored as they are rather than through
+	// the codec, which the default JSONCodec allows; a codec of the
+	// caller's (encryption, redaction) must see every value.
+	rawBytes   bool
 	heartbeats heartbeats
 }
 
@@ -48,8 +55,9 @@ type Runner struct {
 // configuration under which fn could run twice for one request because
 // of the configuration alone: a lease, retention or store timeout below
 // its floor ([MinLease], [MinRetention], [MinStoreTimeout]) or below the
-// store's own minimum ([LimitedStore]), a retention shorter than the
-// lease, or a store timeout that does not fit in a third of the lease.
+// store's own minimum ([Limits]), a retention shorter than the lease, or a
+// store timeout that does not fit in a third of the lease. It reads the
+// store's [Capabilities] once, and sends nothing to the store.
 func New(store Store, opts ...Option) (*Runner, error) {
 	if isNil(store) {
 		return nil, invalidArg("nil store (%T)", store)
@@ -61,78 +69,53 @@ func New(store Store, opts ...Option) (*Runner, error) {
 		}
 		o.apply(&cfg)
 	}
-	var limits Limits
-	if ls, ok := store.(LimitedStore); ok {
-		limits = ls.Limits()
-	}
-	if err := cfg.validate(limits); err != nil {
+	caps := CapabilitiesOf(store)
+	if err := cfg.validate(caps.Limits); err != nil {
 		return nil, err
 	}
-	r := &Runner{store: store, cfg: cfg}
-	r.watcher, _ = store.(Watcher)
+	r := &Runner{store: store, caps: caps, cfg: cfg, maxPayload: cfg.maxResult}
+	if m := caps.Limits.MaxValueSize; m > 0 {
+		r.maxPayload = min(r.maxPayload, m-1)
+	}
+	_, r.rawBytes = cfg.codec.(JSONCodec)
 	return r, nil
 }
 
 // Store returns the runner's store.
 func (r *Runner) Store() Store { return r.store }
 
-// Lease returns the configured lease (see [WithLease]).
-func (r *Runner) Lease() time.Duration { return r.cfg.lease }
-
-// Retention returns the configured retention (see [WithRetention]).
-func (r *Runner) Retention() time.Duration { return r.cfg.retention }
-
 // StoreTimeout returns the bound on each store call attempt (see
-// [WithStoreTimeout]), for adapters that run their own execution mode.
+// [WithStoreTimeout]), for calls of one's own made next to the store's
+// (an adapter's transaction begin and commit).
 func (r *Runner) StoreTimeout() time.Duration { return r.cfg.storeTimeout }
 
-// Observe hands e to the runner's observer, if it has one. It is exported
-// for adapters that run their own execution mode, so their outcomes reach
-// the same logs and metrics as [Do]'s.
-func (r *Runner) Observe(ctx context.Context, e Event) { r.observe(ctx, e) }
-
-// Request names one request: the scope it belongs to, the client's key and
-// the fingerprint of what was asked.
-type Request struct {
-	// Scope parts (tenant, authenticated actor, operation or route) are
-	// part of the storage key, encoded without ambiguity, so a key from one
-	// scope never reaches another's record. Each part must be non-empty,
-	// valid UTF-8 without control characters ([ErrInvalidKey] otherwise).
-	// No parts at all means one key space for every caller.
-	Scope []string
-	// Key is the client's idempotency key: non-empty, at most the
-	// configured length (255 bytes by default), valid UTF-8 without control
-	// characters.
-	Key string
-	// Fingerprint identifies the request (see [FingerprintJSON]); a reused
-	// key with another fingerprint gets [ErrMismatch]. An empty fingerprint
-	// only matches an empty one.
-	Fingerprint Fingerprint
-}
-
-// Result is what [Do] returns.
+// Result is what [Do] returns, also alongside an error: it says how the
+// call ended, in the words every edge answers from.
 type Result[T any] struct {
 	// Value is fn's result, from this run or from the store.
 	Value T
+	// Outcome is how the call ended (see [Outcome] for the table the
+	// edges answer from): OutcomeCompleted when fn ran and its outcome was
+	// recorded, OutcomeReplay for a stored result, and so on.
+	Outcome Outcome
 	// Replayed reports that the result (or error) comes from an earlier run
 	// and fn did not run in this call.
 	Replayed bool
+	// Ran reports that fn ran in this call, so that its effects may have
+	// happened whatever the outcome: an edge then answers with fn's own
+	// answer. An execution mode that rolls fn's writes back with the key
+	// (a transaction that did not commit) reports false.
+	Ran bool
 	// Fence is the record's fence: the one fn ran under, or for a replay
 	// the one of the run that completed it.
 	Fence int64
 	// Attempt is how many times the record was acquired: 1 unless it was
 	// taken over.
 	Attempt int
-}
-
-// StorageKey validates req's key and scope and returns the storage key
-// handed to the store. It returns an error wrapping [ErrInvalidKey] or
-// [ErrInvalidArgument] for a request [Do] would refuse.
-func (r *Runner) StorageKey(req Request) (string, error) {
-	if len(req.Fingerprint) > MaxFingerprintLen {
-		return "", invalidArg("fingerprint longer than %d bytes", MaxFingerprintLen)
-	}
-	return storageKey(req.Scope, req.Key, r.cfg.maxKeyLen)
+	// RetryAfter is, for OutcomeInProgress, the time left on the other
+	// holder's lease, as judged by the store (see [RetryAfter] for the
+	// delay an edge tells its client).
+	RetryAfter time.Duration
 }
 
 // Do runs fn at most once for req's scope, key and fingerprint within the
@@ -161,31 +144,65 @@ func (r *Runner) StorageKey(req Request) (string, error) {
 //   - A store failure is a [*StoreError]; its Ran field says whether fn
 //     had run, so the caller never takes "not run" for granted.
 //
+// Result.Outcome says which of these happened, in one word (see
+// [Outcome]); edges answer from it, not from the error.
+//
+// On a store with a [Transactional] part, a ctx bound to a transaction of
+// the caller's (the PostgreSQL adapter's DoTx does it) runs the same loop
+// inside that transaction: the key, fn's writes and its result commit
+// together.
+//
 // Invalid input (a nil runner or fn, an invalid key) gives an error
 // wrapping [ErrInvalidArgument] or [ErrInvalidKey] before the store is
 // touched.
-func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (Result[T], error) {
-	if r != nil && r.cfg.calls != nil && ctx != nil && fn != nil {
-		return doCall(ctx, r, req, fn) // observer.go
-	}
-	return do(ctx, r, req, fn)
-}
-
-func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (Result[T], error) {
-	var res Result[T]
-	if r == nil {
+func Do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (res Result[T], err error) {
+	switch {
+	case r == nil:
 		return res, invalidArg("nil runner")
-	}
-	if fn == nil {
+	case fn == nil:
 		return res, invalidArg("nil fn")
-	}
-	if ctx == nil {
+	case ctx == nil:
 		return res, invalidArg("nil context")
 	}
+	co := r.cfg.calls
+	if co == nil {
+		return do(ctx, r, req, fn)
+	}
+	// A CallObserver sees the call as a whole, fn timed.
+	ctx = co.StartCall(ctx, req.Scope)
+	c := Call{Scope: req.Scope, Outcome: OutcomeReleased, Err: ErrFnPanicked}
+	defer func() {
+		// Also when fn panics: c.Err is then still ErrFnPanicked.
+		if c.Err != ErrFnPanicked {
+			c.Outcome = res.Outcome
+		}
+		c.Replayed, c.Fence, c.Attempt, c.Ran = res.Replayed, res.Fence, res.Attempt, res.Ran || c.Ran
+		co.EndCall(ctx, c)
+	}()
+	res, err = do(ctx, r, req, func(ctx context.Context) (T, error) {
+		c.Ran = true
+		fnStart := time.Now()
+		defer func() { c.FnDuration = time.Since(fnStart) }()
+		return fn(ctx)
+	})
+	c.Err = err
+	return res, err
+}
+
+// do is Do's loop: validate, claim, then run fn and complete or release,
+// or answer from the claim (replay, mismatch, in progress, waiting when
+// asked to).
+func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (res Result[T], err error) {
 	key, err := r.StorageKey(req)
 	if err != nil {
-		r.observe(ctx, Event{Kind: EventInvalidKey, Scope: req.Scope, Err: err})
+		res.Outcome = OutcomeInvalidKey
+		r.observe(ctx, Event{Outcome: OutcomeInvalidKey, Scope: req.Scope, Err: err})
 		return res, err
+	}
+	tx := r.caps.Transactional != nil && r.caps.Transactional.InTx(ctx)
+	attempts := r.cfg.storeAttempts
+	if tx {
+		attempts = 1
 	}
 	claimReq := ClaimRequest{
 		Key:         key,
@@ -202,7 +219,7 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 	for {
 		start := monoNow()
 		var cr ClaimResult
-		err := r.retry(ctx, func(ctx context.Context) error {
+		err := r.retryIn(ctx, nil, attempts, func(ctx context.Context) error {
 			var err error
 			cr, err = r.store.Claim(ctx, claimReq)
 			return err
@@ -211,73 +228,57 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 		if r.cfg.observer != nil {
 			took = start.since()
 		}
+		ev := Event{Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took}
+		if err == nil && (cr.Outcome < OutcomeAcquired || cr.Outcome > OutcomeMismatch) {
+			err = fmt.Errorf("store returned invalid outcome %v", cr.Outcome)
+		}
 		if err != nil {
-			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Scope: req.Scope, Duration: took, Err: err})
+			res.Outcome = OutcomeStoreError
+			ev.Outcome, ev.Err, ev.Fence, ev.Attempt = OutcomeStoreError, err, 0, 0
+			r.observe(ctx, ev)
 			return res, &StoreError{Op: "claim", Err: err}
 		}
 		res.Fence, res.Attempt = cr.Fence, cr.Attempt
 		switch cr.Outcome {
 		case OutcomeAcquired:
-			r.observe(ctx, Event{Kind: EventAcquired, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
-			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, token: claimReq.Token, fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints}
+			ev.Outcome = OutcomeAcquired
+			r.observe(ctx, ev)
+			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, token: claimReq.Token,
+				fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, tx: tx, attempts: attempts}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
 			res.Replayed = true
-			res.Value, err = DecodeOutcome[T](r, cr.Result)
-			r.observe(ctx, Event{Kind: EventReplayed, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took, Err: err})
+			res.Value, res.Outcome, err = decodeOutcome[T](r, cr.Result)
+			ev.Outcome, ev.Err = res.Outcome, err
+			r.observe(ctx, ev)
 			return res, err
 		case OutcomeMismatch:
-			r.observe(ctx, Event{Kind: EventMismatch, Key: key, Scope: req.Scope, Duration: took})
+			res.Outcome = OutcomeMismatch
+			ev.Outcome = OutcomeMismatch
+			r.observe(ctx, ev)
 			return res, ErrMismatch
-		case OutcomeInProgress:
-			r.observe(ctx, Event{Kind: EventInProgress, Key: key, Scope: req.Scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: took})
-			left := time.Until(waitUntil)
-			if r.cfg.wait <= 0 || left <= 0 {
-				return res, &InProgressError{RetryAfter: cr.RetryAfter}
-			}
-			if err := r.awaitChange(ctx, key, min(left, max(cr.RetryAfter, time.Millisecond)), &poll); err != nil {
-				return res, err
-			}
-		default:
-			err := fmt.Errorf("store returned invalid outcome %v", cr.Outcome)
-			r.observe(ctx, Event{Kind: EventStoreError, Key: key, Scope: req.Scope, Duration: took, Err: err})
-			return res, &StoreError{Op: "claim", Err: err}
+		}
+		// In progress: answer, or wait for the holder and claim again.
+		res.Outcome, res.RetryAfter = OutcomeInProgress, cr.RetryAfter
+		ev.Outcome = OutcomeInProgress
+		r.observe(ctx, ev)
+		left := time.Until(waitUntil)
+		if r.cfg.wait <= 0 || left <= 0 {
+			return res, &InProgressError{RetryAfter: cr.RetryAfter}
+		}
+		if err := r.awaitChange(ctx, key, min(left, max(cr.RetryAfter, time.Millisecond)), &poll); err != nil {
+			return res, err
 		}
 	}
-}
-
-// Executor runs a function at most once per request, with the semantics
-// of [Do], in an execution mode of its own choosing. Integrations that
-// store bytes (the HTTP middleware stores responses) take an Executor, so
-// a service can plug in a mode a store adapter offers, such as running fn
-// inside a database transaction that also records the key (see the
-// PostgreSQL adapter's TxExecutor). A [*Runner] is the Executor of [Do].
-//
-// Execute must report failures as Do does: [ErrInProgress],
-// [ErrMismatch], [ErrInvalidKey], [ErrResultNotStored], a [*StoredError]
-// for a replayed permanent error, and a [*StoreError] when the store
-// failed. Its Ran field must be true only when fn's effects may have
-// happened without the result being recorded; a mode that rolls fn's
-// writes back together with the key reports Ran false.
-type Executor interface {
-	Execute(ctx context.Context, req Request, fn func(ctx context.Context) ([]byte, error)) (Result[[]byte], error)
-}
-
-var _ Executor = (*Runner)(nil)
-
-// Execute is [Do] for functions that return bytes: it makes a Runner an
-// [Executor].
-func (r *Runner) Execute(ctx context.Context, req Request, fn func(ctx context.Context) ([]byte, error)) (Result[[]byte], error) {
-	return Do(ctx, r, req, fn)
 }
 
 // awaitChange waits for the record under key to change, for at most d:
 // through the store's Watcher when it has one, else by polling with a
 // growing interval.
 func (r *Runner) awaitChange(ctx context.Context, key string, d time.Duration, poll *time.Duration) error {
-	if r.watcher != nil {
+	if w := r.caps.Watcher; w != nil {
 		wctx, cancel := context.WithTimeout(ctx, d)
-		err := r.watcher.Watch(wctx, key)
+		err := w.Watch(wctx, key)
 		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -299,7 +300,9 @@ func (r *Runner) awaitChange(ctx context.Context, key string, d time.Duration, p
 	}
 }
 
-// run executes fn as the holder of a fresh lease and records its outcome.
+// run executes fn as the holder of a fresh lease and records its outcome:
+// completes the record with it, or releases the key after a transient
+// error or a panic.
 func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn func(context.Context) (T, error)) (Result[T], error) {
 	r := h.r
 	start := claimed
@@ -331,41 +334,64 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 		defer sctx.stop()
 		h.release(sctx, start, errors.New("fn panicked"))
 	}()
+	res.Ran = true
 	v, fnErr := fn(fnCtx)
 	panicked = false
 	h.stopHeartbeat()
-	if fnErr != nil && leavesRecord(fnErr) {
-		// Neither complete nor release: the record stays STARTED and its
-		// lease runs out (the reconciler's undecided resolver, or a
-		// recovery point that cannot be decoded: a release would drop it).
-		return res, fnErr
+	if fnErr != nil {
+		if o, leave := leavesRecord(fnErr); leave {
+			// Neither complete nor release: the record stays STARTED and
+			// its lease runs out (the reconciler's undecided resolver, or
+			// a recovery point that cannot be decoded: a release would
+			// drop it).
+			res.Outcome = o
+			return res, fnErr
+		}
 	}
 	lost := errors.Is(context.Cause(fnCtx), ErrLeaseLost)
 
 	sctx := after()
 	defer sctx.stop()
 
-	stored, keep, encErr := EncodeOutcome(r, v, fnErr)
+	stored, keep, encErr := encodeOutcome(r, v, fnErr)
 	if !keep {
-		if err := h.release(sctx, start, fnErr); errors.Is(err, ErrLeaseLost) {
+		err := h.release(sctx, start, fnErr)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
 			lost = true
+		case err != nil:
+			res.Outcome = OutcomeStoreError
+		default:
+			res.Outcome = OutcomeReleased
 		}
 		if lost {
+			res.Outcome = OutcomeLeaseLost
 			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
 		}
 		return res, fnErr
 	}
-	err := h.complete(sctx, stored)
+	var err error
+	if h.tx && fnErr != nil {
+		// A permanent error is recorded without the writes of the run that
+		// returned it.
+		err = r.retryIn(sctx, nil, 1, func(ctx context.Context) error {
+			return r.caps.Transactional.Discard(ctx, h.key, h.token)
+		})
+	}
+	if err == nil {
+		err = h.complete(sctx, stored)
+	}
 	if errors.Is(err, ErrTooLarge) && fnErr == nil {
-		// The store keeps less than we allow: store the marker instead.
+		// The store keeps less than it declared: store the marker instead.
 		encErr = err
 		stored = []byte{resultNotStored}
 		err = h.complete(sctx, stored)
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
+		res.Outcome = OutcomeLeaseLost
 		if !h.wasLost() { // else the heartbeat has reported it
-			r.observe(ctx, Event{Kind: EventLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: err})
+			r.observe(ctx, Event{Outcome: OutcomeLeaseLost, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: err})
 		}
 		if fnErr != nil {
 			return res, fmt.Errorf("%w: %w", ErrLeaseLost, fnErr)
@@ -373,12 +399,14 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 		res.Value = v
 		return res, fmt.Errorf("%w: fn ran but its result was not recorded", ErrLeaseLost)
 	case err != nil:
-		r.observe(ctx, Event{Kind: EventStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: err})
+		res.Outcome = OutcomeStoreError
+		r.observe(ctx, Event{Outcome: OutcomeStoreError, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: err})
 		res.Value = v
 		return res, &StoreError{Op: "complete", Ran: true, Err: err}
 	}
+	res.Outcome = OutcomeCompleted
 	if r.cfg.observer != nil {
-		r.observe(ctx, Event{Kind: EventCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: encErr})
+		r.observe(ctx, Event{Outcome: OutcomeCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: encErr})
 	}
 	if fnErr != nil {
 		return res, fnErr
@@ -388,188 +416,44 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 }
 
 // leavesRecord reports whether fn's error asks [run] to neither complete
-// nor release the record. A function of its own, so that the targets of
-// errors.As are allocated only when fn failed.
-func leavesRecord(fnErr error) bool {
+// nor release the record, and the call's outcome then. A function of its
+// own, so that the targets of errors.As are allocated only when fn failed.
+func leavesRecord(fnErr error) (Outcome, bool) {
 	var le *leaveError
 	var cp *corruptPointError
-	return errors.As(fnErr, &le) || errors.As(fnErr, &cp)
-}
-
-// EncodeOutcome turns fn's outcome into the bytes to store. keep is false
-// when fnErr is transient under r's error policy: nothing is to be stored
-// and the key is to be released. A success whose value cannot be encoded,
-// or is larger than the configured limit, becomes a marker that replays as
-// [ErrResultNotStored]; the reason is returned as err, for logs.
-//
-// It is exported for adapters that run their own execution mode (such as a
-// transaction in the caller's database) but must store what [Do] replays.
-func EncodeOutcome[T any](r *Runner, v T, fnErr error) (stored []byte, keep bool, err error) {
-	if fnErr != nil {
-		var forced *forcedPermanent
-		if errors.Is(fnErr, errRelease) || (!errors.As(fnErr, &forced) && !r.cfg.permanent(fnErr)) {
-			return nil, false, nil
-		}
-		msg, err := r.cfg.codec.Marshal(fnErr.Error())
-		if err != nil {
-			// Still a permanent error, without its message.
-			return []byte{resultError}, true, fmt.Errorf("idempotency: encode error message: %w", err)
-		}
-		return encodeResult(resultError, msg), true, nil
-	}
-	if isBytes[T]() && r.rawBytes() {
-		// Bytes as they are: no base64 inside JSON, a third smaller and
-		// no encoding. A nil slice goes through the codec, so that it
-		// replays as nil.
-		if b := any(v).([]byte); b != nil {
-			if len(b) > r.cfg.maxResult {
-				return []byte{resultNotStored}, true, fmt.Errorf("%w: result of %d bytes, limit %d", ErrTooLarge, len(b), r.cfg.maxResult)
-			}
-			return encodeResult(resultBytes, b), true, nil
-		}
-	}
-	payload, err := r.cfg.codec.Marshal(v)
 	switch {
-	case err != nil:
-		return []byte{resultNotStored}, true, fmt.Errorf("idempotency: encode result: %w", err)
-	case len(payload) > r.cfg.maxResult:
-		return []byte{resultNotStored}, true, fmt.Errorf("%w: result of %d bytes, limit %d", ErrTooLarge, len(payload), r.cfg.maxResult)
+	case errors.As(fnErr, &cp):
+		return OutcomeCorrupt, true
+	case errors.As(fnErr, &le):
+		return OutcomeUnknown, true
 	}
-	return encodeResult(resultValue, payload), true, nil
+	return 0, false
 }
 
-// NotStoredMarker returns the stored form of a success whose result could
-// not be kept: it replays as [ErrResultNotStored]. Adapters with their own
-// execution mode store it when the store refuses a result as too large.
-func NotStoredMarker() []byte { return []byte{resultNotStored} }
-
-// isBytes reports whether T is []byte.
-func isBytes[T any]() bool {
-	_, ok := any((*T)(nil)).(*[]byte)
-	return ok
+// Executor runs a function at most once per request, with the semantics
+// of [Do], in an execution mode of its own choosing. Integrations that
+// store bytes (the HTTP middleware stores responses) take an Executor, so
+// a service can plug in a mode a store adapter offers, such as running fn
+// inside a database transaction that also records the key (see the
+// PostgreSQL adapter's TxExecutor). A [*Runner] is the Executor of [Do].
+//
+// Execute must return what Do returns: a [Result] whose Outcome and Ran
+// say how the call ended (the edges answer from them), and Do's errors
+// ([ErrInProgress], [ErrMismatch], [ErrInvalidKey], [ErrResultNotStored],
+// a [*StoredError] for a replayed permanent error, a [*StoreError] when the
+// store failed). Ran (in the Result and the StoreError) must be true only
+// when fn's effects may have happened: a mode that rolls fn's writes back
+// together with the key reports false.
+type Executor interface {
+	Execute(ctx context.Context, req Request, fn func(ctx context.Context) ([]byte, error)) (Result[[]byte], error)
 }
 
-// rawBytes reports whether []byte results are stored as they are rather
-// than through the codec: only with the default [JSONCodec], since a
-// codec of the caller's (encryption, redaction) must see every value.
-func (r *Runner) rawBytes() bool {
-	_, ok := r.cfg.codec.(JSONCodec)
-	return ok
-}
+var _ Executor = (*Runner)(nil)
 
-// DecodeOutcome turns stored bytes made by [EncodeOutcome] back into the
-// value, or the error to replay: a [*StoredError] for a permanent error,
-// [ErrResultNotStored] for the marker. It decodes what every earlier
-// version stored; bytes it cannot decode (written by another codec, or
-// damaged) give an error matching [ErrCorrupt]. A []byte value may share
-// memory with stored.
-func DecodeOutcome[T any](r *Runner, stored []byte) (T, error) {
-	kind, payload, err := decodeResult(stored)
-	if err == nil && kind == resultBytes && isBytes[T]() {
-		return any(payload).(T), nil // without the codec's allocations
-	}
-	return decodeOutcome[T](r, kind, payload, err)
-}
-
-func decodeOutcome[T any](r *Runner, kind byte, payload []byte, err error) (T, error) {
-	var v T
-	if err != nil {
-		return v, err
-	}
-	switch kind {
-	case resultBytes:
-		// Stored from a []byte, read as another type: decode what the
-		// codec would have stored.
-		enc, err := r.cfg.codec.Marshal(payload)
-		if err == nil {
-			err = r.cfg.codec.Unmarshal(enc, &v)
-		}
-		if err != nil {
-			var zero T
-			return zero, fmt.Errorf("%w: result: %w", ErrCorrupt, err)
-		}
-		return v, nil
-	case resultValue:
-		if err := r.cfg.codec.Unmarshal(payload, &v); err != nil {
-			var zero T // not what the codec left half done
-			return zero, fmt.Errorf("%w: result: %w", ErrCorrupt, err)
-		}
-		return v, nil
-	case resultError:
-		if len(payload) == 0 {
-			return v, &StoredError{Message: "idempotency: permanent error (its message could not be stored)"}
-		}
-		var msg string
-		if err := r.cfg.codec.Unmarshal(payload, &msg); err != nil {
-			return v, fmt.Errorf("%w: stored error message: %w", ErrCorrupt, err)
-		}
-		return v, &StoredError{Message: msg}
-	default:
-		return v, ErrResultNotStored
-	}
-}
-
-func isMarkedPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
-
-// maxStoreBackoff bounds the doubling backoff between store attempts.
-const maxStoreBackoff = 5 * time.Second
-
-// retry calls f until it succeeds, fails with an error that is not worth
-// retrying, or runs out of attempts. Each call repeats the same store
-// operation with the same token, which rule 4 of [Store] makes safe. With
-// [WithStoreTimeout], each attempt has its own deadline. When ctx ends
-// during a backoff, the error matches both ctx's error and the store's.
-func (r *Runner) retry(ctx context.Context, f func(context.Context) error) error {
-	return r.retryIn(ctx, nil, f)
-}
-
-// retryIn is retry with first, when not nil, as the storage of the first
-// attempt's context: a caller that makes one store call per request (the
-// holder's Complete or Release) saves an allocation. first is used once.
-func (r *Runner) retryIn(ctx context.Context, first *boundedCtx, f func(context.Context) error) error {
-	backoff := min(r.cfg.storeBackoff, maxStoreBackoff)
-	for attempt := 1; ; attempt++ {
-		err := r.attempt(ctx, first, f)
-		first = nil
-		if err == nil || attempt >= r.cfg.storeAttempts || !retryable(ctx, err) {
-			return err
-		}
-		// Full jitter keeps a crowd of retries from landing together.
-		d := time.Duration(rand.Int64N(int64(backoff) + 1))
-		backoff = min(2*backoff, maxStoreBackoff)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(ctx.Err(), err)
-		case <-t.C:
-		}
-	}
-}
-
-func (r *Runner) attempt(ctx context.Context, storage *boundedCtx, f func(context.Context) error) error {
-	if r.cfg.storeTimeout <= 0 {
-		return f(ctx)
-	}
-	if storage == nil {
-		storage = new(boundedCtx)
-	}
-	actx := storage.initAttempt(ctx, r.cfg.storeTimeout)
-	defer actx.stop()
-	return f(actx)
-}
-
-// retryable reports whether a failed store call is worth repeating: not
-// when the caller's ctx is done or the store gave a definite answer. A
-// deadline the caller did not set (an attempt's, a driver's) leaves the
-// outcome unknown, which a repeat with the same token resolves.
-func retryable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	return !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrTooLarge) &&
-		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrCorrupt) &&
-		!errors.Is(err, ErrNotFound) && !errors.Is(err, context.Canceled)
+// Execute is [Do] for functions that return bytes: it makes a Runner an
+// [Executor].
+func (r *Runner) Execute(ctx context.Context, req Request, fn func(ctx context.Context) ([]byte, error)) (Result[[]byte], error) {
+	return Do(ctx, r, req, fn)
 }
 
 func (r *Runner) observe(ctx context.Context, e Event) {

@@ -283,11 +283,11 @@ func TestUnstorableSuccessNeverRerun(t *testing.T) {
 		{"not encodable", func(ctx context.Context) (any, error) { return make(chan int), nil }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var events []idempotency.EventKind
+			var events []idempotency.Outcome
 			var mu sync.Mutex
 			obs := idempotency.ObserverFunc(func(ctx context.Context, e idempotency.Event) {
 				mu.Lock()
-				events = append(events, e.Kind)
+				events = append(events, e.Outcome)
 				mu.Unlock()
 			})
 			clock := conformancetest.NewClock(t0)
@@ -307,7 +307,7 @@ func TestUnstorableSuccessNeverRerun(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if fmt.Sprint(events) != "[acquired completed replayed]" {
+			if fmt.Sprint(events) != "[acquired completed result_not_stored]" {
 				t.Fatalf("events %v", events)
 			}
 		})
@@ -630,7 +630,7 @@ func TestObserverAndSlog(t *testing.T) {
 	idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (int, error) { return 1, nil })
 	idempotency.Do(ctx, r, req("t"), func(ctx context.Context) (int, error) { return 0, errors.New("transient") })
 	out := buf.String()
-	for _, want := range []string{"event=acquired", "event=completed", "event=replayed", "event=released", "error=transient"} {
+	for _, want := range []string{"outcome=acquired", "outcome=completed", "outcome=replayed", "outcome=released", "error=transient"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}

@@ -3,66 +3,23 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 )
 
-// EventKind says what happened to a call of [Do].
-type EventKind uint8
-
-// The kinds of events. Never renumber: observers may export them.
-const (
-	// EventAcquired: the claim was acquired (fresh or by takeover); fn runs.
-	EventAcquired EventKind = iota + 1
-	// EventReplayed: a stored result was replayed; fn did not run.
-	EventReplayed
-	// EventInProgress: another holder's lease is live.
-	EventInProgress
-	// EventMismatch: the key was used with another fingerprint.
-	EventMismatch
-	// EventLeaseLost: the holder's lease was lost.
-	EventLeaseLost
-	// EventReleased: fn failed transiently or panicked; the key was released.
-	EventReleased
-	// EventCompleted: the result (a value, a permanent error or a
-	// not-stored marker) was recorded.
-	EventCompleted
-	// EventStoreError: a store call failed after its retries.
-	EventStoreError
-	// EventPurged: an operator deleted the record ([Runner.Purge]).
-	EventPurged
-	// EventInvalidKey: [Do] refused the request's key or scope (or its
-	// fingerprint) before touching the store; Err says why. Key is empty:
-	// there is no valid storage key.
-	EventInvalidKey
-)
-
-var eventNames = [...]string{
-	EventAcquired:   "acquired",
-	EventReplayed:   "replayed",
-	EventInProgress: "in_progress",
-	EventMismatch:   "mismatch",
-	EventLeaseLost:  "lease_lost",
-	EventReleased:   "released",
-	EventCompleted:  "completed",
-	EventStoreError: "store_error",
-	EventPurged:     "purged",
-	EventInvalidKey: "invalid_key",
-}
-
-// String returns the event kind's name.
-func (k EventKind) String() string {
-	if int(k) < len(eventNames) && eventNames[k] != "" {
-		return eventNames[k]
-	}
-	return fmt.Sprintf("EventKind(%d)", uint8(k))
-}
-
-// Event describes one outcome of a call of [Do].
+// Event describes one step of a call of [Do] (the claim acquired, the
+// outcome recorded, a renewal that failed) or of an operator's call
+// ([Runner.Purge]), in the words of [Outcome].
 type Event struct {
-	// Kind says what happened.
-	Kind EventKind
+	// Outcome says what happened: OutcomeAcquired when a claim was
+	// acquired (fresh or by takeover; Attempt says which), then how the
+	// call ended (OutcomeCompleted, OutcomeReleased, OutcomeLeaseLost,
+	// OutcomeStoreError); a call that did not acquire reports how it ended
+	// (OutcomeReplay, OutcomeInProgress, OutcomeMismatch, OutcomeInvalidKey,
+	// OutcomeResultNotStored, OutcomeCorrupt); [Runner.Purge] reports
+	// OutcomePurged. A renewal that fails but may still succeed is an
+	// OutcomeStoreError event during the call.
+	Outcome Outcome
 	// Key is the storage key (scope and client key). It holds the
 	// client's key: fine in a log line, but never a metric label.
 	Key string
@@ -75,20 +32,22 @@ type Event struct {
 	Fence int64
 	// Attempt is the record's attempt count, when known.
 	Attempt int
-	// Duration is, for EventCompleted and EventReleased, the time from
+	// Duration is, for OutcomeCompleted and OutcomeReleased, the time from
 	// acquisition to the end of the call; otherwise the time the store
 	// call took, retries included.
 	Duration time.Duration
 	// Err is the error involved, if any: the store's error, the fn error
 	// that caused a release, the reason a result was not stored, why a
-	// key was refused, or, for EventReplayed, the error replayed (a
-	// [*StoredError] or [ErrResultNotStored]; nil for a replayed value).
+	// key was refused, or, for a replay, the error replayed (a
+	// [*StoredError], [ErrResultNotStored] or [ErrCorrupt]; nil for a
+	// replayed value).
 	Err error
 }
 
 // Observer receives every outcome of [Do], for logs and metrics. Observe
 // is called synchronously on the caller's goroutine (and on the heartbeat's
-// for EventLeaseLost), so it must be fast and safe for concurrent use.
+// for a lease lost or a renewal that failed), so it must be fast and safe
+// for concurrent use.
 type Observer interface {
 	Observe(ctx context.Context, e Event)
 }
@@ -109,14 +68,14 @@ type slogObserver struct{ l *slog.Logger }
 
 func (o slogObserver) Observe(ctx context.Context, e Event) {
 	level := slog.LevelDebug
-	if e.Kind == EventLeaseLost || e.Kind == EventStoreError {
+	if e.Outcome == OutcomeLeaseLost || e.Outcome == OutcomeStoreError {
 		level = slog.LevelWarn
 	}
 	if !o.l.Enabled(ctx, level) {
 		return
 	}
 	attrs := []slog.Attr{
-		slog.String("event", e.Kind.String()),
+		slog.String("outcome", e.Outcome.String()),
 		slog.String("key", e.Key),
 		slog.Any("scope", e.Scope),
 		slog.Int64("fence", e.Fence),
@@ -130,13 +89,11 @@ func (o slogObserver) Observe(ctx context.Context, e Event) {
 }
 
 // CallObserver is implemented by an [Observer] that also wants to see each
-// call of [Do] (and so of [Runner.Execute]) as a whole: to put a trace
-// span around it, or to count it once by its final outcome. [New] looks for
-// it once; a runner whose observer does not implement it, or that has no
-// observer, pays nothing for it.
-//
-// Other execution modes (an adapter's transactional [Executor], the
-// reconciler) report their events through Observe only.
+// call of [Do] (and so of [Runner.Execute], and of an adapter's
+// transactional mode, which runs Do) as a whole: to put a trace span around
+// it, or to count it once by its final outcome. [New] looks for it once; a
+// runner whose observer does not implement it, or that has no observer,
+// pays nothing for it. [Reconcile] reports its events through Observe only.
 type CallObserver interface {
 	Observer
 	// StartCall is called when a call of Do begins, before its request is
@@ -156,8 +113,10 @@ type Call struct {
 	// Scope is the request's scope parts, shared with the caller: do not
 	// modify it.
 	Scope []string
-	// Replayed, Fence and Attempt are those of the [Result] (Fence and
-	// Attempt are zero when no claim was decided).
+	// Outcome, Replayed, Fence, Attempt and Ran are those of the [Result]
+	// (Fence and Attempt are zero when no claim was decided); Outcome is
+	// OutcomeReleased when fn panicked.
+	Outcome  Outcome
 	Replayed bool
 	Fence    int64
 	Attempt  int
@@ -173,24 +132,3 @@ type Call struct {
 
 // ErrFnPanicked is the Err of a [Call] whose fn panicked.
 var ErrFnPanicked = errors.New("idempotency: fn panicked")
-
-// doCall is Do for a runner whose observer is a CallObserver: it brackets
-// the call with StartCall and EndCall and times fn.
-func doCall[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.Context) (T, error)) (res Result[T], err error) {
-	co := r.cfg.calls
-	ctx = co.StartCall(ctx, req.Scope)
-	c := Call{Scope: req.Scope, Err: ErrFnPanicked}
-	defer func() {
-		// Also when fn panics: c.Err is then still ErrFnPanicked.
-		c.Replayed, c.Fence, c.Attempt = res.Replayed, res.Fence, res.Attempt
-		co.EndCall(ctx, c)
-	}()
-	res, err = do(ctx, r, req, func(ctx context.Context) (T, error) {
-		c.Ran = true
-		fnStart := time.Now()
-		defer func() { c.FnDuration = time.Since(fnStart) }()
-		return fn(ctx)
-	})
-	c.Err = err
-	return res, err
-}

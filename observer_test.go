@@ -130,7 +130,7 @@ func TestCallObserver(t *testing.T) {
 	}
 	for i, m := range o.marked {
 		if !m {
-			t.Errorf("event %v without StartCall's context", o.events[i].Kind)
+			t.Errorf("event %v without StartCall's context", o.events[i].Outcome)
 		}
 	}
 }
@@ -164,17 +164,17 @@ func TestEventInvalidKeyAndReplayedError(t *testing.T) {
 	if len(events) != 4 {
 		t.Fatalf("events %v", events)
 	}
-	if e := events[0]; e.Kind != idempotency.EventInvalidKey || !errors.Is(e.Err, idempotency.ErrInvalidKey) || e.Key != "" {
+	if e := events[0]; e.Outcome != idempotency.OutcomeInvalidKey || !errors.Is(e.Err, idempotency.ErrInvalidKey) || e.Key != "" {
 		t.Errorf("invalid key event: %+v", e)
 	}
 	var se *idempotency.StoredError
-	if e := events[3]; e.Kind != idempotency.EventReplayed || !errors.As(e.Err, &se) || se.Message != "declined" {
+	if e := events[3]; e.Outcome != idempotency.OutcomeReplay || !errors.As(e.Err, &se) || se.Message != "declined" {
 		t.Errorf("replay event: %+v", e)
 	}
-	if idempotency.EventInvalidKey.String() != "invalid_key" {
-		t.Errorf("EventInvalidKey.String() = %q", idempotency.EventInvalidKey.String())
+	if idempotency.OutcomeInvalidKey.String() != "invalid_key" {
+		t.Errorf("OutcomeInvalidKey.String() = %q", idempotency.OutcomeInvalidKey.String())
 	}
-	if !strings.Contains(buf.String(), "event=invalid_key") {
+	if !strings.Contains(buf.String(), "outcome=invalid_key") {
 		t.Errorf("slog observer did not log the invalid key: %s", buf.String())
 	}
 }

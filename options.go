@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"encoding/json"
 	"time"
 )
 
@@ -31,7 +30,7 @@ const (
 // store timeout shorter than a round trip fails every completion after fn
 // ran. Tests that need shorter ones say so with
 // [WithUnsafeShortDurations]. A store may declare a higher lease floor of
-// its own (see [LimitedStore]); that one always applies.
+// its own ([Limits]); that one always applies.
 const (
 	MinLease        = time.Second
 	MinRetention    = time.Minute
@@ -105,7 +104,7 @@ func (c *config) validate(limits Limits) error {
 		return err
 	}
 	if limits.MinLease > 0 && c.lease < limits.MinLease {
-		return invalidArg("WithLease(%v) is shorter than the store's minimum lease, %v (LimitedStore.Limits)", c.lease, limits.MinLease)
+		return invalidArg("WithLease(%v) is shorter than the store's minimum lease, %v (Capabilities.Limits)", c.lease, limits.MinLease)
 	}
 	if err := floor("WithRetention", c.retention, MinRetention,
 		"a result kept this briefly is gone before most retries arrive, and they run fn again"); err != nil {
@@ -249,23 +248,3 @@ func WithStoreTimeout(d time.Duration) Option {
 func WithUnsafeShortDurations() Option {
 	return optionFunc(func(c *config) { c.unsafeShort = true })
 }
-
-// Codec encodes the values that are stored.
-type Codec interface {
-	Marshal(v any) ([]byte, error)
-	Unmarshal(data []byte, v any) error
-}
-
-// JSONCodec encodes values with encoding/json, and so keeps what JSON
-// keeps: a string is stored as text, and bytes in it that are not valid
-// UTF-8 are replaced with U+FFFD, so the replay of a string result (or a
-// recovery point) holding such bytes differs from the value fn returned.
-// Return binary data as []byte (stored in base64, exactly), or use a codec
-// of your own ([WithCodec]).
-type JSONCodec struct{}
-
-// Marshal encodes v as JSON.
-func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// Unmarshal decodes JSON data into v.
-func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

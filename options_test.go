@@ -16,7 +16,11 @@ import (
 // with whole-second leases (etcd) does.
 type floorStore struct{ *memory.Store }
 
-func (floorStore) Limits() idempotency.Limits { return idempotency.Limits{MinLease: 2 * time.Second} }
+func (f floorStore) Capabilities() idempotency.Capabilities {
+	c := f.Store.Capabilities()
+	c.Limits.MinLease = 2 * time.Second
+	return c
+}
 
 // TestNewRefusesConfigurationsThatRunFnTwice: every configuration under
 // which fn could run again for one request because of the configuration

@@ -190,15 +190,15 @@ func reconcileOne[T any](ctx context.Context, r *Runner, info RecordInfo, resolv
 		return err
 	})
 	if err != nil {
-		r.observe(ctx, Event{Kind: EventStoreError, Key: info.Key, Scope: scope, Duration: start.since(), Err: err})
+		r.observe(ctx, Event{Outcome: OutcomeStoreError, Key: info.Key, Scope: scope, Duration: start.since(), Err: err})
 		return outcomeFailed, &StoreError{Op: "claim", Err: err}
 	}
 	if cr.Outcome != OutcomeAcquired {
 		return outcomeSkipped, nil
 	}
-	r.observe(ctx, Event{Kind: EventAcquired, Key: info.Key, Scope: scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: start.since()})
+	r.observe(ctx, Event{Outcome: OutcomeAcquired, Key: info.Key, Scope: scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: start.since()})
 	h := &holder{parent: ctx, r: r, key: info.Key, scope: scope, clientKey: key, token: claim.Token,
-		fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, leaveOnPanic: true}
+		fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, attempts: r.cfg.storeAttempts, leaveOnPanic: true}
 	var kind resolutionKind
 	_, err = run(ctx, h, start, Result[T]{}, func(ctx context.Context) (T, error) {
 		var zero T

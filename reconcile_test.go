@@ -30,7 +30,7 @@ func TestReconcile(t *testing.T) {
 	}
 	live := req("live") // held by a live holder: never touched
 	crash(t, r, s, live, "")
-	clock.Advance(r.Lease() + time.Second)
+	clock.Advance(idempotency.DefaultLease + time.Second)
 	// The live holder renews (as its heartbeat would).
 	liveKey, _ := r.StorageKey(live)
 	if err := s.Renew(ctx, liveKey, idempotency.Token("dead-holder-"+live.Key), time.Hour); err != nil {
@@ -93,7 +93,7 @@ func TestReconcile(t *testing.T) {
 	if runs.Load() != 1 {
 		t.Fatalf("fn ran %d times, want once (the released request)", runs.Load())
 	}
-	clock.Advance(r.Lease() + time.Second)
+	clock.Advance(idempotency.DefaultLease + time.Second)
 	got, _, err := r.Stuck(ctx, "", 10)
 	if err != nil || len(got) != 1 || got[0].Key != mustKey(t, r, unknown.Scope, unknown.Key) || got[0].Attempt != 2 {
 		t.Fatalf("Stuck after the undecided lease ran out: %+v, %v", got, err)
@@ -136,7 +136,7 @@ func TestReconcileNeverRacesARetry(t *testing.T) {
 	base, s, clock := newRunner(t)
 	stuck := req("contended")
 	crash(t, base, s, stuck, "")
-	clock.Advance(base.Lease() + time.Second)
+	clock.Advance(idempotency.DefaultLease + time.Second)
 	retried := make(chan struct{})
 	var r *idempotency.Runner
 	r, err := idempotency.New(raceStore{Store: s, retry: func() {
@@ -171,7 +171,7 @@ func TestReconcilePanicLeavesTheRecord(t *testing.T) {
 	r, s, clock := newRunner(t)
 	stuck := req("panicky")
 	crash(t, r, s, stuck, "")
-	clock.Advance(r.Lease() + time.Second)
+	clock.Advance(idempotency.DefaultLease + time.Second)
 	func() {
 		defer func() {
 			if p := recover(); p != "resolver bug" {

@@ -109,3 +109,15 @@ func TestAttemptCtx(t *testing.T) {
 		t.Fatalf("Err after stop: %v", s.Err())
 	}
 }
+
+// newBoundedCtx returns a context with parent's values, not its
+// cancellation, that ends d from now.
+func newBoundedCtx(parent context.Context, d time.Duration) *boundedCtx {
+	return &boundedCtx{values: parent, deadline: monoNow().add(d)}
+}
+
+// withAttemptTimeout returns ctx bounded by d from now, as an attempt's
+// context is.
+func withAttemptTimeout(ctx context.Context, d time.Duration) *boundedCtx {
+	return new(boundedCtx).initAttempt(ctx, d)
+}

@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -110,8 +112,8 @@ type Store interface {
 	Release(ctx context.Context, key string, token Token) error
 }
 
-// Sweeper is implemented by stores whose expired records are not removed by
-// the backend itself (or not promptly). Sweep deletes expired records, at
+// Sweeper is the part of a store whose expired records are not removed by
+// the backend itself (or not promptly); see [Capabilities]. Sweep deletes expired records, at
 // most limit of them (limit <= 0 means no limit), and reports how many it
 // deleted. It may delete fewer, working in batches or skipping records that
 // concurrent calls hold, but it makes progress: a call that finds expired
@@ -125,8 +127,9 @@ type Sweeper interface {
 	Sweep(ctx context.Context, limit int) (int, error)
 }
 
-// Watcher is implemented by stores that can push a change of a record
-// (completion, release, deletion) instead of being polled. Watch blocks
+// Watcher is the part of a store that can push a change of a record
+// (completion, release, deletion) instead of being polled; see
+// [Capabilities]. Watch blocks
 // until the record under key may have changed since the call began, or
 // until ctx is done, in which case it returns the context's error. It must
 // not miss a Complete or Release of the record made after it began; other
@@ -137,9 +140,9 @@ type Watcher interface {
 	Watch(ctx context.Context, key string) error
 }
 
-// Inspector is implemented by stores that let operators and the reconciler
+// Inspector is the part of a store that lets operators and the reconciler
 // see and fix records (see [Runner.Inspect], [Runner.Purge], [Runner.Stuck]
-// and [Reconcile]). It reads and deletes; it never claims, so it cannot
+// and [Reconcile]); see [Capabilities]. It reads and deletes; it never claims, so it cannot
 // make two holders.
 type Inspector interface {
 	// Inspect returns the record under key, with its result and its
@@ -234,3 +237,171 @@ type ClaimResult struct {
 // MaxStorageKeyLen is the longest storage key [Do] hands to a store. It
 // bounds the client key (see [WithMaxKeyLength]) plus the encoded scope.
 const MaxStorageKeyLen = 1024
+
+// Capabilities is what a store can do beyond the [Store] contract, stated
+// in one place: the runner, wrappers of a store (otelidem's instrumented
+// store, a user's) and the conformancetest suite all read it through
+// [CapabilitiesOf]. A part a store lacks is nil; what needs it answers an
+// error matching errors.ErrUnsupported ([Runner.Inspect] without an
+// Inspector), or does without it ([Do] polls without a Watcher).
+//
+// A store states its capabilities with a method
+//
+//	Capabilities() idempotency.Capabilities
+//
+// or, more simply, by implementing the part interfaces itself: a store
+// without the method has the parts it implements ([Watcher], [Inspector],
+// [Sweeper], [Transactional]) and no limits. A wrapper that instruments
+// every call implements the method, returning the wrapped store's parts
+// wrapped (or nil), so it keeps exactly the capabilities of what it wraps
+// without a type per combination; a wrapper that only says what it wraps
+// (Unwrap) keeps them as they are.
+type Capabilities struct {
+	// Watcher pushes changes of a record, waking a duplicate that waits
+	// ([WithWait]) without polling.
+	Watcher Watcher
+	// Inspector lets operators see, purge and list stuck records, and
+	// [Reconcile] resolve them.
+	Inspector Inspector
+	// Sweeper deletes expired records the backend does not delete itself.
+	Sweeper Sweeper
+	// Transactional runs the store's calls inside a transaction of the
+	// caller's, together with fn's writes.
+	Transactional Transactional
+	// Limits are what the store can honour; [New] refuses a configuration
+	// the store would break.
+	Limits Limits
+}
+
+// Limits describes what a store can honour. The zero value means no limits.
+type Limits struct {
+	// MinLease is the shortest lease the store keeps faithfully. [New]
+	// refuses a shorter [WithLease], even with [WithUnsafeShortDurations].
+	MinLease time.Duration
+	// Resolution is the granularity of the store's leases and deadlines:
+	// a store whose lease TTLs are whole seconds (etcd) declares a second,
+	// and may end a lease up to that much later than asked. Zero means a
+	// millisecond or finer.
+	Resolution time.Duration
+	// MaxValueSize is the largest result the store keeps; Complete refuses
+	// a larger one with [ErrTooLarge]. Zero means at least 1 MiB. [Do]
+	// records the marker of [ErrResultNotStored] at once for a larger
+	// result, without sending it first.
+	MaxValueSize int
+}
+
+// CapabilitiesOf returns what s can do: the result of its method
+// Capabilities if it has one; else, for a wrapper (a store with a method
+// Unwrap() Store, see [StoreAs]), what the wrapped store can do; else the
+// parts s implements itself. A declared part that s implements too is s's
+// own: so a type that embeds a store and overrides one of its methods
+// (Inspect, to count or log the calls) has its override used.
+func CapabilitiesOf(s Store) Capabilities {
+	var c Capabilities
+	switch d := s.(type) {
+	case interface{ Capabilities() Capabilities }:
+		c = d.Capabilities()
+	case interface{ Unwrap() Store }:
+		if inner := d.Unwrap(); !isNil(inner) && inner != s {
+			c = CapabilitiesOf(inner)
+		}
+	default:
+		c.Watcher, _ = s.(Watcher)
+		c.Inspector, _ = s.(Inspector)
+		c.Sweeper, _ = s.(Sweeper)
+		c.Transactional, _ = s.(Transactional)
+		return c
+	}
+	if w, ok := s.(Watcher); ok && c.Watcher != nil {
+		c.Watcher = w
+	}
+	if in, ok := s.(Inspector); ok && c.Inspector != nil {
+		c.Inspector = in
+	}
+	if sw, ok := s.(Sweeper); ok && c.Sweeper != nil {
+		c.Sweeper = sw
+	}
+	if tx, ok := s.(Transactional); ok && c.Transactional != nil {
+		c.Transactional = tx
+	}
+	return c
+}
+
+// Transactional is the part of a store whose calls can run inside a
+// database transaction of the caller's, together with fn's own writes (the
+// PostgreSQL adapter's DoTx and TxExecutor bind a transaction to a
+// context). When InTx reports true for the context a call of [Do] gets,
+// the key, fn's writes and fn's result commit together or not at all, and
+// Do runs the same loop with these differences, which follow from the
+// transaction:
+//
+//   - the store's Claim holds the record locked until the transaction ends,
+//     so nobody can take it over: Do renews no lease. A Claim that gives up
+//     waiting for another transaction's lock answers OutcomeInProgress;
+//   - a store call is sent once: a failed statement belongs to the
+//     transaction, which its owner ends, and is not repeated;
+//   - [Step] records no recovery point: there is no partial progress to
+//     resume, as fn's writes commit with its result or not at all;
+//   - before a permanent error is recorded, Discard undoes the writes fn
+//     made since the claim, so that the error is stored without them.
+type Transactional interface {
+	// InTx reports whether the store's calls with ctx run in a
+	// transaction of the caller's.
+	InTx(ctx context.Context) bool
+	// Discard undoes, in ctx's transaction, the writes made since the
+	// claim of key under token, keeping the claim.
+	Discard(ctx context.Context, key string, token Token) error
+}
+
+// StoreAs finds the first store of type S in the chain that starts at s and
+// follows wrappers: a store that wraps another (instrumentation, a cache)
+// says so with a method Unwrap() Store, as wrapped errors do. Adapters use
+// it to reach their own store behind a wrapper, as the PostgreSQL adapter's
+// transactional mode does.
+func StoreAs[S Store](s Store) (S, bool) {
+	for range 16 {
+		if v, ok := s.(S); ok && !isNil(v) {
+			return v, true
+		}
+		u, ok := s.(interface{ Unwrap() Store })
+		if !ok {
+			break
+		}
+		s = u.Unwrap()
+	}
+	var zero S
+	return zero, false
+}
+
+// ValidateClaim returns an error wrapping [ErrInvalidArgument], prefixed
+// with the adapter's name (its package name), when r is not a request [Do]
+// could send: an empty key or token, a non-positive lease or a negative
+// grace. Adapters call it first in Claim, so that every store refuses the
+// same requests in the same words.
+func ValidateClaim(adapter string, r ClaimRequest) error {
+	switch {
+	case r.Key == "":
+		return fmt.Errorf("%w: %s: claim: empty key", ErrInvalidArgument, adapter)
+	case r.Token == "":
+		return fmt.Errorf("%w: %s: claim: empty token", ErrInvalidArgument, adapter)
+	case r.Lease <= 0:
+		return fmt.Errorf("%w: %s: claim: lease must be positive, got %v", ErrInvalidArgument, adapter, r.Lease)
+	case r.Grace < 0:
+		return fmt.Errorf("%w: %s: claim: grace must not be negative, got %v", ErrInvalidArgument, adapter, r.Grace)
+	}
+	return nil
+}
+
+// isNil reports whether v is nil or an interface holding a nil pointer,
+// map, slice, channel or function: a typed nil such as (*postgres.Store)(nil),
+// whose methods would panic on first use.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface, reflect.UnsafePointer:
+		return rv.IsNil()
+	}
+	return false
+}

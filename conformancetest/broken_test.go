@@ -151,12 +151,13 @@ var probabilistic = map[string]bool{"racy_claim": true, "racy_takeover": true}
 
 const refMaxValue = 64 << 10
 
-var refCaps = conformancetest.Capabilities{
-	ControlledClock: true,
-	Sweeper:         true,
-	Watcher:         true,
-	Inspector:       true,
-	MaxValueSize:    refMaxValue,
+var refCaps = conformancetest.Capabilities{ControlledClock: true}
+
+// Capabilities declares the reference store's parts (all of them) and its
+// value limit, which the suite reads.
+func (s *refStore) Capabilities() idempotency.Capabilities {
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s,
+		Limits: idempotency.Limits{MaxValueSize: refMaxValue}}
 }
 
 // TestBrokenStore runs the suite against the store with the fault named by

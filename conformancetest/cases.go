@@ -27,7 +27,7 @@ func testFreshClaim(e *env) {
 }
 
 func testReplayExactBytes(e *env) {
-	largest := e.caps.MaxValueSize
+	largest := e.feat.maxValue
 	if largest <= 0 {
 		largest = 1 << 20
 	}
@@ -78,12 +78,12 @@ func testTooLarge(e *env) {
 	k := e.key("too-large")
 	tok := e.token()
 	acq := e.acquire(k, fpA, tok, long, long)
-	over := make([]byte, e.caps.MaxValueSize+1)
+	over := make([]byte, e.feat.maxValue+1)
 	for i := range over {
 		over[i] = byte(i)
 	}
 	e.isErr(e.s.Complete(e.ctx, k, tok, over, long), idempotency.ErrTooLarge,
-		fmt.Sprintf("Complete with %d bytes (MaxValueSize %d)", len(over), e.caps.MaxValueSize))
+		fmt.Sprintf("Complete with %d bytes (MaxValueSize %d)", len(over), e.feat.maxValue))
 	e.inProgress(k, "claim by another token after a refused Complete (the record must still be STARTED)")
 
 	// A checkpoint the store cannot keep must be refused the same way; a
@@ -591,10 +591,7 @@ func testAbandonedExpires(e *env) {
 }
 
 func testSweep(e *env) {
-	sw, ok := e.s.(idempotency.Sweeper)
-	if !ok {
-		e.t.Fatalf("Capabilities.Sweeper is set but %T does not implement idempotency.Sweeper", e.s)
-	}
+	sw := e.feat.sweeper
 	// Live records, whose deadlines were set every way a record's can be.
 	liveStarted, liveCompleted := e.key("sweep-live-started"), e.key("sweep-live-completed")
 	inGrace, renewed := e.key("sweep-in-grace"), e.key("sweep-renewed")
@@ -757,23 +754,19 @@ func testCanceledContext(e *env) {
 	e.isErr(e.s.Checkpoint(canceled, k, tok, "c", []byte("x")), context.Canceled, "Checkpoint with a canceled context")
 	e.isErr(e.s.Complete(canceled, k, tok, []byte("x"), long), context.Canceled, "Complete with a canceled context")
 	e.isErr(e.s.Release(canceled, k, tok), context.Canceled, "Release with a canceled context")
-	if e.caps.Watcher {
-		if w, ok := e.s.(idempotency.Watcher); ok {
-			done := make(chan error, 1)
-			go func() { done <- w.Watch(canceled, k) }()
-			select {
-			case err := <-done:
-				e.isErr(err, context.Canceled, "Watch with a canceled context")
-			case <-time.After(watchTimeout):
-				e.t.Errorf("Watch with a canceled context still blocks after %v", watchTimeout)
-			}
+	if w := e.feat.watcher; w != nil {
+		done := make(chan error, 1)
+		go func() { done <- w.Watch(canceled, k) }()
+		select {
+		case err := <-done:
+			e.isErr(err, context.Canceled, "Watch with a canceled context")
+		case <-time.After(watchTimeout):
+			e.t.Errorf("Watch with a canceled context still blocks after %v", watchTimeout)
 		}
 	}
-	if e.caps.Sweeper {
-		if sw, ok := e.s.(idempotency.Sweeper); ok {
-			_, err := sw.Sweep(canceled, 0)
-			e.isErr(err, context.Canceled, "Sweep with a canceled context")
-		}
+	if sw := e.feat.sweeper; sw != nil {
+		_, err := sw.Sweep(canceled, 0)
+		e.isErr(err, context.Canceled, "Sweep with a canceled context")
 	}
 	_, err = e.s.Claim(canceled, idempotency.ClaimRequest{Key: k, Fingerprint: fpA, Token: e.token(), Lease: long, Grace: long})
 	e.isErr(err, context.Canceled, "Claim of a held key with a canceled context")
@@ -790,10 +783,7 @@ func testCanceledContext(e *env) {
 const watchTimeout = 5 * time.Second
 
 func testWatch(e *env) {
-	w, ok := e.s.(idempotency.Watcher)
-	if !ok {
-		e.t.Fatalf("Capabilities.Watcher is set but %T does not implement idempotency.Watcher", e.s)
-	}
+	w := e.feat.watcher
 	changes := []struct {
 		name   string
 		change func(key string, tok idempotency.Token) error

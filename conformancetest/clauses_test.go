@@ -123,7 +123,7 @@ var clauses = []clause{
 	{in: "Store.Release", text: "It returns ErrLeaseLost when the record is held under another token or is COMPLETED.",
 		cases: []string{"release_then_reclaim", "repeated_operations"}},
 
-	{in: "Sweeper", text: "Sweeper is implemented by stores whose expired records are not removed by the backend itself (or not promptly).",
+	{in: "Sweeper", text: "Sweeper is the part of a store whose expired records are not removed by the backend itself (or not promptly); see [Capabilities].",
 		cases: []string{"sweep_removes_only_expired"}},
 	{in: "Sweeper", text: "Sweep deletes expired records, at most limit of them (limit <= 0 means no limit), and reports how many it deleted.",
 		cases: []string{"sweep_removes_only_expired"}},
@@ -136,7 +136,7 @@ var clauses = []clause{
 	{in: "Sweeper", text: "Correctness never depends on sweeping: it only bounds storage.",
 		cases: []string{"expired_is_absent", "completed_expires_after_retention", "abandoned_started_expires"}},
 
-	{in: "Watcher", text: "Watcher is implemented by stores that can push a change of a record (completion, release, deletion) instead of being polled.",
+	{in: "Watcher", text: "Watcher is the part of a store that can push a change of a record (completion, release, deletion) instead of being polled; see [Capabilities].",
 		cases: []string{"watch_wakes"}},
 	{in: "Watcher", text: "Watch blocks until the record under key may have changed since the call began, or until ctx is done, in which case it returns the context's error.",
 		cases: []string{"watch_wakes", "canceled_context"}},
@@ -145,7 +145,7 @@ var clauses = []clause{
 	{in: "Watcher", text: "A spurious wake-up is allowed.",
 		cases: []string{"watch_wakes"}}, // the case watches again after one
 
-	{in: "Inspector", text: "Inspector is implemented by stores that let operators and the reconciler see and fix records (see [Runner.Inspect], [Runner.Purge], [Runner.Stuck] and [Reconcile]).",
+	{in: "Inspector", text: "Inspector is the part of a store that lets operators and the reconciler see and fix records (see [Runner.Inspect], [Runner.Purge], [Runner.Stuck] and [Reconcile]); see [Capabilities].",
 		cases: []string{"inspect_describes", "purge_deletes", "stuck_lists_ended_leases"}},
 	{in: "Inspector", text: "It reads and deletes; it never claims, so it cannot make two holders.",
 		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}}, // records stay held by their holders

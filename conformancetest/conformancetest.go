@@ -6,12 +6,17 @@
 //	func TestConformance(t *testing.T) {
 //		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
 //			return mystore.New(db, &mystore.Options{Now: clock.Now})
-//		}, conformancetest.Capabilities{ControlledClock: true, Sweeper: true})
+//		}, conformancetest.Capabilities{ControlledClock: true})
 //	}
 //
-// A store judged by a server's clock ignores the clock argument and leaves
+// The suite reads what the store can do beyond the baseline contract from
+// the store itself ([idempotency.CapabilitiesOf]): the cases of a Watcher,
+// an Inspector, a Sweeper and of the store's value limit run when the
+// store has them; a test may narrow that ([Capabilities.Skip]). A store
+// judged by a server's clock ignores the clock argument and leaves
 // ControlledClock false: the suite then sleeps through short leases, sized
-// from [Capabilities.LeaseResolution], running those cases at the same time.
+// from the store's [idempotency.Limits] Resolution, running those cases at
+// the same time.
 //
 // Real-time cases measure time in units of LeaseResolution, at least
 // 200ms; the longest takes about six units (1.2s for a millisecond store,
@@ -60,32 +65,49 @@ import (
 	"github.com/exactlyonce/idempotency"
 )
 
-// Capabilities declares what a store does beyond the baseline contract.
-// The zero value is the baseline: a store judged by real time with
-// millisecond leases, no Sweeper, no Watcher, and at least 1 MiB values.
+// Capabilities says how the suite runs a store. The zero value is a store
+// judged by real time, checked for everything it declares.
 type Capabilities struct {
 	// ControlledClock: newStore wires the *Clock it is given into the
 	// store, so the suite advances it instead of sleeping. False: real
 	// time, the clock argument is ignored.
 	ControlledClock bool
-	// LeaseResolution: the smallest lease the store honours (etcd:
-	// time.Second). Zero means millisecond resolution. Real-time cases size
-	// their leases as small multiples of it.
-	LeaseResolution time.Duration
-	// Sweeper: the store implements idempotency.Sweeper and the suite
-	// checks Sweep.
-	Sweeper bool
-	// Watcher: the store implements idempotency.Watcher and the suite
-	// checks it wakes.
-	Watcher bool
-	// Inspector: the store implements idempotency.Inspector and the suite
-	// checks Inspect, Purge and Stuck.
-	Inspector bool
-	// MaxValueSize: the largest result the store is configured to keep;
-	// zero means at least 1 MiB. When set, the suite stores a result of
-	// exactly this size and checks that one byte more gives
-	// idempotency.ErrTooLarge, writing nothing.
-	MaxValueSize int
+	// Skip names optional parts the store declares that this run must not
+	// check, such as the Watcher of a MongoDB store on a standalone server,
+	// which has no change streams: any of "watcher", "inspector",
+	// "sweeper".
+	Skip []string
+}
+
+// features are what a case may use of the store: its capabilities, less
+// what the test skipped.
+type features struct {
+	watcher   idempotency.Watcher
+	inspector idempotency.Inspector
+	sweeper   idempotency.Sweeper
+	// maxValue is the store's declared value limit; zero means unknown,
+	// at least 1 MiB.
+	maxValue int
+	// resolution is the store's lease resolution; zero means a
+	// millisecond.
+	resolution time.Duration
+}
+
+func featuresOf(s idempotency.Store, caps Capabilities) features {
+	c := idempotency.CapabilitiesOf(s)
+	f := features{watcher: c.Watcher, inspector: c.Inspector, sweeper: c.Sweeper,
+		maxValue: c.Limits.MaxValueSize, resolution: c.Limits.Resolution}
+	for _, part := range caps.Skip {
+		switch part {
+		case "watcher":
+			f.watcher = nil
+		case "inspector":
+			f.inspector = nil
+		case "sweeper":
+			f.sweeper = nil
+		}
+	}
+	return f
 }
 
 // minRealUnit is the shortest time unit of real-time cases: long enough
@@ -106,7 +128,7 @@ type testCase struct {
 	// timing cases keep their margins.
 	together bool
 	// needs reports whether the store declares what the case checks.
-	needs func(Capabilities) (bool, string)
+	needs func(features) (bool, string)
 	run   func(e *env)
 }
 
@@ -179,16 +201,16 @@ var cases = []testCase{
 		rule: "Stuck lists, page by page within the limit, each STARTED record whose lease ended and which has not expired, once; never a live, renewed, taken over, completed or expired one"},
 }
 
-func needsMaxValueSize(c Capabilities) (bool, string) {
-	return c.MaxValueSize > 0, "Capabilities.MaxValueSize is zero: the store's limit is unknown"
+func needsMaxValueSize(f features) (bool, string) {
+	return f.maxValue > 0, "the store declares no Limits.MaxValueSize: its limit is unknown"
 }
 
-func needsSweeper(c Capabilities) (bool, string) {
-	return c.Sweeper, "the store does not declare Capabilities.Sweeper"
+func needsSweeper(f features) (bool, string) {
+	return f.sweeper != nil, "the store has no Sweeper (or the test skips it)"
 }
 
-func needsWatcher(c Capabilities) (bool, string) {
-	return c.Watcher, "the store does not declare Capabilities.Watcher"
+func needsWatcher(f features) (bool, string) {
+	return f.watcher != nil, "the store has no Watcher (or the test skips it)"
 }
 
 // Run checks newStore's stores against the store contract, one subtest per
@@ -201,7 +223,7 @@ func needsWatcher(c Capabilities) (bool, string) {
 // at a time; then all the others run at once (Run returns when all are
 // done), so newStore is called from several goroutines at once and must be
 // safe for that. Cases for optional behaviour the store does not declare in
-// caps are skipped; a declared capability the store lacks fails.
+// (idempotency.CapabilitiesOf), or that caps.Skip names, are skipped.
 //
 // In real time (without caps.ControlledClock), a case of that second group
 // whose first attempt fails while it ran more than half its time unit
@@ -214,8 +236,10 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock) idempotency.Sto
 	if newStore == nil {
 		t.Fatal("conformancetest: newStore is nil")
 	}
-	if caps.LeaseResolution < 0 || caps.MaxValueSize < 0 {
-		t.Fatalf("conformancetest: negative Capabilities %+v", caps)
+	for _, part := range caps.Skip {
+		if part != "watcher" && part != "inspector" && part != "sweeper" {
+			t.Fatalf("conformancetest: Capabilities.Skip names %q, not one of watcher, inspector, sweeper", part)
+		}
 	}
 	// Under real time, a together case's first attempt reports to a
 	// recorder; see rerunIfDisturbed.
@@ -232,11 +256,6 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock) idempotency.Sto
 			if first != nil {
 				defer first()
 			}
-			if c.needs != nil {
-				if ok, why := c.needs(caps); !ok {
-					t.Skip(why)
-				}
-			}
 			t.Cleanup(func() {
 				if t.Failed() {
 					t.Logf("%s checks: %s", c.name, c.rule)
@@ -245,11 +264,17 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock) idempotency.Sto
 					}
 				}
 			})
+			e := newEnv(t, newStore, caps)
+			if c.needs != nil {
+				if ok, why := c.needs(e.feat); !ok {
+					t.Skip(why)
+				}
+			}
 			if first == nil || caps.ControlledClock {
-				c.run(newEnv(t, newStore, caps))
+				c.run(e)
 				return
 			}
-			if !rerunIfDisturbed(t, c, newEnv(t, newStore, caps)) {
+			if !rerunIfDisturbed(t, c, e) {
 				return
 			}
 			first()
@@ -360,6 +385,7 @@ type env struct {
 	ctx    context.Context
 	s      idempotency.Store
 	caps   Capabilities
+	feat   features
 	clock  *Clock
 	prefix string
 	// unit is the time unit of leases and waits: a whole number of the
@@ -380,21 +406,23 @@ func newEnv(t *testing.T, newStore func(*testing.T, *Clock) idempotency.Store, c
 	if s == nil {
 		t.Fatal("conformancetest: newStore returned nil")
 	}
-	res := max(caps.LeaseResolution, time.Millisecond)
+	feat := featuresOf(s, caps)
+	res := max(feat.resolution, time.Millisecond)
 	e := &env{
 		t:      t,
 		ctx:    t.Context(),
 		s:      s,
 		caps:   caps,
+		feat:   feat,
 		clock:  clock,
 		prefix: "ct-" + randomHex(8) + "/",
 		tol:    res,
 	}
 	if caps.ControlledClock {
-		e.unit = max(caps.LeaseResolution, time.Second)
+		e.unit = max(feat.resolution, time.Second)
 		e.slack = res
 	} else {
-		e.unit = max(caps.LeaseResolution, minRealUnit)
+		e.unit = max(feat.resolution, minRealUnit)
 		e.slack = e.unit
 	}
 	return e

@@ -10,20 +10,12 @@ import (
 	"github.com/exactlyonce/idempotency"
 )
 
-func needsInspector(c Capabilities) (bool, string) {
-	return c.Inspector, "the store does not declare Capabilities.Inspector"
+func needsInspector(f features) (bool, string) {
+	return f.inspector != nil, "the store has no Inspector (or the test skips it)"
 }
 
-// inspector returns the store as an Inspector, failing the case when it is
-// not one though it declares it.
-func (e *env) inspector() idempotency.Inspector {
-	e.t.Helper()
-	in, ok := e.s.(idempotency.Inspector)
-	if !ok {
-		e.t.Fatalf("the store declares Capabilities.Inspector but %T does not implement idempotency.Inspector", e.s)
-	}
-	return in
-}
+// inspector returns the store's Inspector.
+func (e *env) inspector() idempotency.Inspector { return e.feat.inspector }
 
 func (e *env) inspect(key, what string) idempotency.RecordInfo {
 	e.t.Helper()

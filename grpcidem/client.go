@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/exactlyonce/idempotency/httpidem"
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // Defaults of the client interceptor's options.
@@ -35,7 +35,7 @@ const (
 // starts by hand after an error: a key made per attempt de-duplicates
 // nothing. The client interceptor makes one per call when the caller gave
 // none.
-func NewKey() string { return httpidem.NewKey() }
+func NewKey() string { return edge.NewKey() }
 
 // WithKey returns a copy of ctx whose outgoing metadata carries key as the
 // idempotency key (under [DefaultKeyMetadata]), for a call through the

@@ -21,7 +21,7 @@ import (
 // the client: the client retries with the same key and gets the reply of
 // the one run.
 func TestClientRetryThroughConnectionReset(t *testing.T) {
-	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryDelay(20*time.Millisecond))
+	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryAfter(20*time.Millisecond))
 	px := newProxy(t, addr)
 	p.hook = func(context.Context, *testpb.PayRequest) error {
 		if p.runs.Load() == 1 {
@@ -177,7 +177,7 @@ func TestClientBounds(t *testing.T) {
 // An attempt that times out is retried with the same key, and the retry
 // gets the first attempt's reply once stored.
 func TestClientAttemptTimeout(t *testing.T) {
-	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryDelay(20*time.Millisecond))
+	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryAfter(20*time.Millisecond))
 	p.hook = func(context.Context, *testpb.PayRequest) error {
 		time.Sleep(300 * time.Millisecond) // longer than an attempt
 		return nil

@@ -3,11 +3,11 @@ package grpcidem
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"strings"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // Defaults of the server interceptor's options.
@@ -24,10 +24,11 @@ const (
 	// (256 KiB): the marshalled reply or status plus a few bytes of
 	// framing. Mind the runner's [idempotency.WithMaxResultSize].
 	DefaultMaxResponseSize = 256 << 10
-	// DefaultMaxRetryDelay caps the retry delay sent with an Aborted
+	// DefaultMaxRetryAfter caps the retry delay sent with an Aborted
 	// answer while another call with the key runs: the holder's remaining
-	// lease bounds a crash, not the usual run, which is much shorter.
-	DefaultMaxRetryDelay = time.Second
+	// lease bounds a crash, not the usual run, which is much shorter. It
+	// is the HTTP middleware's default too.
+	DefaultMaxRetryAfter = time.Second
 )
 
 // An Option configures the server interceptor made by
@@ -70,7 +71,7 @@ type config struct {
 	validate      func(string) error
 	fingerprint   FingerprintFunc
 	maxResponse   int
-	maxRetryDelay time.Duration
+	maxRetryAfter time.Duration
 	badMethod     string // the first invalid name given to WithMethods
 }
 
@@ -80,7 +81,7 @@ func defaultConfig() config {
 		replayMD:      DefaultReplayMetadata,
 		fingerprint:   DefaultFingerprint,
 		maxResponse:   DefaultMaxResponseSize,
-		maxRetryDelay: DefaultMaxRetryDelay,
+		maxRetryAfter: DefaultMaxRetryAfter,
 	}
 }
 
@@ -90,10 +91,8 @@ func (c *config) validateConfig() error {
 		return invalidArg("WithKeyMetadata: invalid metadata key %q", c.keyMD)
 	case !validMetadataKey(c.replayMD):
 		return invalidArg("WithReplayMetadata: invalid metadata key %q", c.replayMD)
-	case c.scope == nil && !c.sharedKeys:
-		return invalidArg("no scope: give WithScope, so that one client's key can never reach another client's stored response, or WithSharedKeySpace() if every caller is trusted to make keys no other caller can guess")
-	case c.scope != nil && c.sharedKeys:
-		return invalidArg("both WithScope and WithSharedKeySpace: choose one")
+	case edge.ScopeChoice(c.scope != nil, c.sharedKeys) != "":
+		return invalidArg("%s", edge.ScopeChoice(c.scope != nil, c.sharedKeys))
 	case c.badMethod != "":
 		return invalidArg("WithMethods: %q is not a full method name (\"/package.Service/Method\") nor a service (\"/package.Service/\")", c.badMethod)
 	case c.methods != nil && len(c.methods) == 0:
@@ -102,8 +101,8 @@ func (c *config) validateConfig() error {
 		return invalidArg("WithFingerprint: nil function")
 	case c.maxResponse <= 0:
 		return invalidArg("WithMaxResponseSize: must be positive, got %d", c.maxResponse)
-	case c.maxRetryDelay < time.Millisecond:
-		return invalidArg("WithMaxRetryDelay: must be at least 1ms, got %v", c.maxRetryDelay)
+	case c.maxRetryAfter < idempotency.MinRetryAfter:
+		return invalidArg("WithMaxRetryAfter: must be at least %v, got %v", idempotency.MinRetryAfter, c.maxRetryAfter)
 	}
 	return nil
 }
@@ -216,20 +215,12 @@ func WithMaxResponseSize(n int) Option {
 	return optionFunc(func(c *config) { c.maxResponse = n })
 }
 
-// WithMaxRetryDelay caps the retry delay ([errdetails.RetryInfo]) of the
+// WithMaxRetryAfter caps the retry delay ([errdetails.RetryInfo]) of the
 // Aborted answer given while another call with the key runs; the delay
-// is the time left on that call's lease, at most max. Default:
-// [DefaultMaxRetryDelay].
-func WithMaxRetryDelay(max time.Duration) Option {
-	return optionFunc(func(c *config) { c.maxRetryDelay = max })
-}
-
-// isNil reports whether v is nil or holds a nil pointer (a typed nil such
-// as a nil *idempotency.Runner).
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	return rv.Kind() == reflect.Pointer && rv.IsNil()
+// is the time left on that call's lease, at least
+// [idempotency.MinRetryAfter] and at most max (see
+// [idempotency.RetryAfter], which the HTTP middleware's Retry-After follows
+// too). Default: [DefaultMaxRetryAfter].
+func WithMaxRetryAfter(max time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxRetryAfter = max })
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // UnaryServerInterceptor returns a gRPC unary server interceptor that
@@ -41,6 +41,7 @@ import (
 //	handler panics                             the key is released, the panic goes on
 //	store unreachable                          Unavailable + RetryInfo, handler not run
 //	retry of an answer too large to store      FailedPrecondition (IDEMPOTENCY_RESPONSE_NOT_STORED), handler not run
+//	stored answer cannot be read               DataLoss (IDEMPOTENCY_RESULT_CORRUPT), handler not run, never retried
 //
 // Every error the interceptor answers by itself carries an
 // [errdetails.ErrorInfo] with [ErrorDomain] and a Reason* constant (see
@@ -94,7 +95,7 @@ import (
 // [idempotency.ErrInvalidArgument] for a nil executor, a missing scope or
 // an invalid option.
 func UnaryServerInterceptor(exec idempotency.Executor, opts ...Option) (grpc.UnaryServerInterceptor, error) {
-	if isNil(exec) {
+	if edge.IsNil(exec) {
 		return nil, invalidArg("nil executor")
 	}
 	cfg := defaultConfig()
@@ -195,7 +196,6 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 
 	var (
-		ran   bool
 		reply any
 		herr  error
 	)
@@ -207,65 +207,75 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		func(ctx context.Context) ([]byte, error) {
 			// The answer of the last run: an executor may run fn again (a
 			// transaction retried after a serialization failure).
-			ran = true
 			reply, herr = handler(ctx, req)
 			st := status.Convert(herr)
 			if !Stored(st.Code()) {
-				return nil, ErrTransientCode
+				return nil, ErrTransient
 			}
 			if b, ok := encodeAnswer(reply, st, c.maxResponse); ok {
 				return b, nil
 			}
 			return notStoredMarker, nil
 		})
-
-	var se *idempotency.StoreError
+	if res.Outcome == idempotency.OutcomeUnknown {
+		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
+	}
 	switch {
-	case err == nil && res.Replayed:
-		return s.replay(ctx, res.Value)
-	case ran && !(errors.As(err, &se) && !se.Ran):
+	case res.Ran:
 		// The handler ran: its answer is the truth for this caller, also
 		// when it was not stored (a transient code: released), or when the
-		// store failed after it (StoreError.Ran) or the lease was lost
-		// under it.
+		// store failed after it or the lease was lost under it.
 		return reply, herr
-	case errors.Is(err, idempotency.ErrInProgress):
-		retry := c.maxRetryDelay
-		var ip *idempotency.InProgressError
-		if errors.As(err, &ip) {
-			retry = min(max(ip.RetryAfter, time.Millisecond), c.maxRetryDelay)
-		}
-		return nil, fail(codes.Aborted, ReasonInProgress,
-			"a call with this idempotency key is being processed; retry later with the same key", retry)
-	case errors.Is(err, idempotency.ErrMismatch):
-		return nil, fail(codes.FailedPrecondition, ReasonKeyReused,
-			"this idempotency key was used with a different request (method or message)", 0)
-	case errors.Is(err, idempotency.ErrInvalidKey):
-		return nil, fail(codes.InvalidArgument, ReasonKeyMalformed, err.Error(), 0)
-	case errors.Is(err, idempotency.ErrResultNotStored):
+	case res.Outcome == idempotency.OutcomeReplay && err == nil:
+		return s.replay(ctx, res.Value)
+	case res.Outcome == idempotency.OutcomeResultNotStored:
 		return nil, s.notStored(ctx)
-	case errors.Is(err, idempotency.ErrStore):
-		// Also when the handler ran but its effects were rolled back
-		// together with the key (an executor's transaction that did not
-		// commit): its answer would tell of effects that did not happen.
-		return nil, fail(codes.Unavailable, ReasonStoreUnavailable,
-			"the call was not processed; retry with the same idempotency key", time.Second)
-	default:
-		return nil, fail(codes.Internal, ReasonInternal, "the call failed and was not stored; retry with the same idempotency key", 0)
 	}
+	a := answers[idempotency.OutcomeUnknown]
+	if int(res.Outcome) < len(answers) && answers[res.Outcome].reason != "" {
+		a = answers[res.Outcome]
+	}
+	msg := a.msg
+	if msg == "" && err != nil {
+		msg = err.Error()
+	}
+	return nil, fail(a.code, a.reason, msg, idempotency.RetryAfter(res, c.maxRetryAfter))
+}
+
+// answers are the interceptor's answers to the outcomes of a call whose
+// handler did not run (see [idempotency.Outcome]); an empty message means
+// the error's text. OutcomeUnknown answers every outcome not listed (an
+// executor's error the interceptor cannot classify).
+var answers = [...]struct {
+	code   codes.Code
+	reason string
+	msg    string
+}{
+	idempotency.OutcomeUnknown: {codes.Internal, ReasonInternal,
+		"the call failed and was not stored; retry with the same idempotency key"},
+	// A replayed error: the record was not written by this interceptor.
+	idempotency.OutcomeReplay: {codes.DataLoss, ReasonResultCorrupt,
+		"the stored answer of this idempotency key is not an answer; the call is not run again"},
+	idempotency.OutcomeInProgress: {codes.Aborted, ReasonInProgress,
+		"a call with this idempotency key is being processed; retry later with the same key"},
+	idempotency.OutcomeMismatch: {codes.FailedPrecondition, ReasonKeyReused,
+		"this idempotency key was used with a different request (method or message)"},
+	idempotency.OutcomeInvalidKey: {codes.InvalidArgument, ReasonKeyMalformed, ""},
+	idempotency.OutcomeCorrupt: {codes.DataLoss, ReasonResultCorrupt,
+		"the stored answer of this idempotency key cannot be read; the call is not run again"},
+	// Also when the handler ran but its effects were rolled back together
+	// with the key (an executor's transaction that did not commit): its
+	// answer would tell of effects that did not happen.
+	idempotency.OutcomeStoreError: {codes.Unavailable, ReasonStoreUnavailable,
+		"the call was not processed; retry with the same idempotency key"},
 }
 
 // scopeOf returns the call's scope, or the error that rejects it.
 func (s *server) scopeOf(ctx context.Context, fullMethod string) ([]string, error) {
 	scope, err := s.cfg.scope(ctx, fullMethod)
 	if err == nil {
-		if len(scope) == 0 {
-			return nil, fail(codes.PermissionDenied, ReasonScopeRejected, "the call has no scope (tenant, peer)", 0)
-		}
-		for _, p := range scope {
-			if p == "" {
-				return nil, fail(codes.PermissionDenied, ReasonScopeRejected, "a part of the call's scope (tenant, peer) is empty", 0)
-			}
+		if why := edge.ScopeParts(scope); why != "" {
+			return nil, fail(codes.PermissionDenied, ReasonScopeRejected, "the call "+why, 0)
 		}
 		return scope, nil
 	}
@@ -279,7 +289,8 @@ func (s *server) scopeOf(ctx context.Context, fullMethod string) ([]string, erro
 func (s *server) replay(ctx context.Context, b []byte) (any, error) {
 	d, err := decodeAnswer(b)
 	if err != nil {
-		return nil, fail(codes.Internal, ReasonInternal, err.Error(), 0)
+		a := answers[idempotency.OutcomeCorrupt]
+		return nil, fail(a.code, a.reason, a.msg, 0)
 	}
 	if d.notStored {
 		return nil, s.notStored(ctx)

@@ -102,7 +102,7 @@ func TestStored(t *testing.T) {
 // Ten concurrent calls with one key: one runs the handler, the others get
 // Aborted with a retry delay while it runs.
 func TestConcurrentDuplicates(t *testing.T) {
-	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryDelay(200*time.Millisecond))
+	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryAfter(200*time.Millisecond))
 	release := make(chan struct{})
 	p.hook = func(context.Context, *testpb.PayRequest) error {
 		<-release
@@ -144,7 +144,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 // Ten concurrent duplicates through the client interceptor: one effect,
 // and every caller gets its reply.
 func TestConcurrentDuplicatesRetried(t *testing.T) {
-	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryDelay(20*time.Millisecond))
+	p, addr := start(t, nil, grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryAfter(20*time.Millisecond))
 	p.hook = func(context.Context, *testpb.PayRequest) error {
 		time.Sleep(100 * time.Millisecond)
 		return nil
@@ -386,7 +386,7 @@ func TestConfigRefused(t *testing.T) {
 		{"no methods", r, []grpcidem.Option{grpcidem.WithSharedKeySpace(), grpcidem.WithMethods()}, "WithMethods"},
 		{"nil fingerprint", r, []grpcidem.Option{grpcidem.WithSharedKeySpace(), grpcidem.WithFingerprint(nil)}, "WithFingerprint"},
 		{"zero response size", r, []grpcidem.Option{grpcidem.WithSharedKeySpace(), grpcidem.WithMaxResponseSize(0)}, "WithMaxResponseSize"},
-		{"retry delay in ns", r, []grpcidem.Option{grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryDelay(100)}, "WithMaxRetryDelay"},
+		{"retry delay in ns", r, []grpcidem.Option{grpcidem.WithSharedKeySpace(), grpcidem.WithMaxRetryAfter(100)}, "WithMaxRetryAfter"},
 	}
 	for _, tc := range cases {
 		i, err := grpcidem.UnaryServerInterceptor(tc.exec, tc.opts...)

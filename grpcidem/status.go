@@ -1,7 +1,6 @@
 package grpcidem
 
 import (
-	"errors"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -9,6 +8,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // ErrorDomain is the Domain of the [errdetails.ErrorInfo] attached to
@@ -51,8 +52,13 @@ const (
 	// peer) could not be established, so its key cannot be used. Nothing
 	// was claimed and the handler did not run.
 	ReasonScopeRejected = "IDEMPOTENCY_SCOPE_REJECTED"
-	// ReasonInternal (Internal): the stored response could not be read, or
-	// the call failed in a way the interceptor cannot classify.
+	// ReasonResultCorrupt (DataLoss): the stored answer of this key cannot
+	// be read (written by another version or codec, or damaged). The call
+	// is not run again, and a retry cannot help: an operator must inspect
+	// the record.
+	ReasonResultCorrupt = "IDEMPOTENCY_RESULT_CORRUPT"
+	// ReasonInternal (Internal): the call failed in a way the interceptor
+	// cannot classify.
 	ReasonInternal = "IDEMPOTENCY_INTERNAL"
 )
 
@@ -81,13 +87,14 @@ func Stored(c codes.Code) bool {
 	return false
 }
 
-// ErrTransientCode is the error the interceptor's function returns to the
+// ErrTransient is the error the interceptor's function returns to the
 // executor when the handler failed with a code that [Stored] does not
 // store, so that the key is released and a retry runs the handler again.
 // It is transient under the runner's default error policy; a custom
 // policy ([idempotency.WithErrorPolicy]) must keep it transient, or such
-// failures would be replayed for the whole retention.
-var ErrTransientCode = errors.New("grpcidem: handler failed with a code that means try again")
+// failures would be replayed for the whole retention. It is the same
+// error as httpidem's ErrTransient.
+var ErrTransient = edge.ErrTransient
 
 // fail makes the interceptor's own error: the code and message, an
 // ErrorInfo with the reason and, when retry > 0, a RetryInfo.

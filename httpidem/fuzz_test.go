@@ -273,7 +273,7 @@ var fingerprintBodies = []string{
 // holds, for the request's key, a completed record whose bytes come from
 // outside (another version, another codec, damage): the handler never
 // runs; the answer is a replay of a final status, 410 when the response
-// was not stored, or 500 (ProblemInternal) with nothing of the record in
+// was not stored, or 500 (ProblemResultCorrupt) with nothing of the record in
 // its headers. With mode%3 == 0, data is the raw record, as the store
 // holds it; with mode%3 == 1, it is the stored response inside a record
 // that Do wrote; with mode%3 == 2, data is a response the handler gives,
@@ -301,10 +301,9 @@ func FuzzStoredResponse(f *testing.F) {
 		case 0, 1:
 			stored := data
 			if mode%3 == 1 {
-				var err error
-				if stored, _, err = idempotency.EncodeOutcome(r, data, nil); err != nil {
-					t.Fatal(err)
-				}
+				// As Do stores a []byte result under the default codec:
+				// its kind, then the bytes as they are.
+				stored = append([]byte{'b'}, data...)
 			}
 			req := httptest.NewRequest(http.MethodPost, "/payments", nil)
 			fp, err := httpidem.DefaultFingerprint(req, nil)
@@ -362,7 +361,7 @@ func FuzzStoredResponse(f *testing.F) {
 		}
 		switch {
 		case w.Code == http.StatusInternalServerError:
-			checkProblem(t, w, w.Code, httpidem.ProblemInternal, "record "+strconvQuote(string(data)))
+			checkProblem(t, w, w.Code, httpidem.ProblemResultCorrupt, "record "+strconvQuote(string(data)))
 		case w.Code == http.StatusGone:
 			checkProblem(t, w, w.Code, httpidem.ProblemResponseNotStored, "record "+strconvQuote(string(data)))
 		case w.Header().Get("Idempotent-Replayed") != "true":

@@ -1,10 +1,10 @@
 package httpidem
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/http"
 	"strings"
+
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // parseKey reads the value of the key header. It accepts an RFC 8941
@@ -53,23 +53,7 @@ func parseKey(v string) (string, bool) {
 // is made, and send it with every attempt of that intent, including the
 // retries a user starts by hand after an error: a key made per attempt
 // de-duplicates nothing.
-func NewKey() string {
-	var u [16]byte
-	rand.Read(u[:]) // never fails (Go 1.24+)
-	u[6] = u[6]&0x0f | 0x40
-	u[8] = u[8]&0x3f | 0x80
-	var s [36]byte
-	hex.Encode(s[0:8], u[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], u[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], u[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], u[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:], u[10:])
-	return string(s[:])
-}
+func NewKey() string { return edge.NewKey() }
 
 // SetKey sets req's Idempotency-Key header to key, so that a [Transport]
 // retries it and the server de-duplicates it.

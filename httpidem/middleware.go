@@ -9,25 +9,21 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/exactlyonce/idempotency"
-	"github.com/exactlyonce/idempotency/internal/fphook"
+	"github.com/exactlyonce/idempotency/internal/canon"
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
-// ErrTransientStatus is the error the middleware's function returns to
-// the runner when the handler answered with a status that means "try
+// ErrTransient is the error the middleware's function returns to the
+// executor when the handler answered with a status that means "try
 // again" (5xx, 408 Request Timeout, 429 Too Many Requests), so that the
 // key is released and a retry runs the handler again. It is transient
 // under the runner's default error policy; a custom policy
 // ([idempotency.WithErrorPolicy]) must keep it transient, or such
-// responses would be stored and replayed for the whole retention.
-var ErrTransientStatus = errors.New("httpidem: handler answered with a status that means try again")
-
-// ErrServerError is the former name of [ErrTransientStatus].
-//
-// Deprecated: use ErrTransientStatus.
-var ErrServerError = ErrTransientStatus
+// responses would be stored and replayed for the whole retention. It is
+// the same error as grpcidem's ErrTransient.
+var ErrTransient = edge.ErrTransient
 
 // Stored reports whether the middleware stores a handler's response of
 // this status, to replay it to every retry: 2xx, 3xx and 4xx responses
@@ -117,7 +113,7 @@ func Stored(status int) bool {
 // New returns an error wrapping [idempotency.ErrInvalidArgument] for a nil
 // executor, a missing scope or an invalid option.
 func New(exec idempotency.Executor, opts ...Option) (func(http.Handler) http.Handler, error) {
-	if isNil(exec) {
+	if edge.IsNil(exec) {
 		return nil, invalidArg("nil executor")
 	}
 	cfg := defaultConfig()
@@ -241,42 +237,58 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// it was: the executor and the store keep no reference to them.
 	defer run.release()
 
+	if res.Outcome == idempotency.OutcomeUnknown {
+		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
+	}
 	switch {
-	case err == nil && res.Replayed:
-		m.replay(w, res.Value)
-	case rec != nil && (err == nil || !rolledBack(err)):
+	case res.Ran && rec != nil:
 		// The handler ran: its response is the truth for this client, also
 		// when it was not stored (5xx, 408, 429: released), or when the
-		// store failed after it (StoreError.Ran) or the lease was lost
-		// under it.
+		// store failed after it or the lease was lost under it.
 		rec.flush()
-	case errors.Is(err, idempotency.ErrInProgress):
-		var ip *idempotency.InProgressError
-		retry := time.Second
-		if errors.As(err, &ip) {
-			retry = min(max(ip.RetryAfter, time.Second), c.maxRetryAfter)
-		}
-		writeProblem(w, http.StatusConflict, ProblemInProgress,
-			"a request with this key is being processed; retry later with the same key", retry)
-	case errors.Is(err, idempotency.ErrMismatch):
-		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyReused,
-			"this key was used with a different request (method, path, query or body)", 0)
-	case errors.Is(err, idempotency.ErrInvalidKey):
-		writeProblem(w, http.StatusBadRequest, ProblemKeyMalformed, err.Error(), 0)
-	case errors.Is(err, idempotency.ErrResultNotStored):
+	case res.Outcome == idempotency.OutcomeReplay && err == nil:
+		m.replay(w, res.Value)
+	case res.Outcome == idempotency.OutcomeResultNotStored:
 		m.notStored(w)
-	case errors.Is(err, idempotency.ErrCorrupt):
-		writeProblem(w, http.StatusInternalServerError, ProblemInternal,
-			"the stored response of this key cannot be read; the request is not run again", 0)
-	case errors.Is(err, idempotency.ErrStore):
-		// Also when the handler ran but its effects were rolled back
-		// together with the key (an executor's transaction that did not
-		// commit): its response would tell of effects that did not happen.
-		writeProblem(w, http.StatusServiceUnavailable, ProblemStoreUnavailable,
-			"the request was not processed; retry with the same key", time.Second)
 	default:
-		writeProblem(w, http.StatusInternalServerError, ProblemInternal, "", 0)
+		a := answers[idempotency.OutcomeUnknown]
+		if int(res.Outcome) < len(answers) && answers[res.Outcome].status != 0 {
+			a = answers[res.Outcome]
+		}
+		detail := a.detail
+		if a.detail == "" && err != nil {
+			detail = err.Error()
+		}
+		writeProblem(w, a.status, a.typ, detail, idempotency.RetryAfter(res, c.maxRetryAfter))
 	}
+}
+
+// answers are the middleware's answers to the outcomes of a call whose
+// handler did not run (see [idempotency.Outcome]); an empty detail means
+// the error's text. OutcomeUnknown answers every outcome not listed (an
+// executor's error the middleware cannot classify).
+var answers = [...]struct {
+	status int
+	typ    string
+	detail string
+}{
+	idempotency.OutcomeUnknown: {http.StatusInternalServerError, ProblemInternal,
+		"the request failed and was not stored; retry with the same key"},
+	// A replayed error: the record was not written by this middleware.
+	idempotency.OutcomeReplay: {http.StatusInternalServerError, ProblemResultCorrupt,
+		"the stored answer of this key is not a response; the request is not run again"},
+	idempotency.OutcomeInProgress: {http.StatusConflict, ProblemInProgress,
+		"a request with this key is being processed; retry later with the same key"},
+	idempotency.OutcomeMismatch: {http.StatusUnprocessableEntity, ProblemKeyReused,
+		"this key was used with a different request (method, path, query or body)"},
+	idempotency.OutcomeInvalidKey: {http.StatusBadRequest, ProblemKeyMalformed, ""},
+	idempotency.OutcomeCorrupt: {http.StatusInternalServerError, ProblemResultCorrupt,
+		"the stored response of this key cannot be read; the request is not run again"},
+	// Also when the handler ran but its effects were rolled back together
+	// with the key (an executor's transaction that did not commit): its
+	// response would tell of effects that did not happen.
+	idempotency.OutcomeStoreError: {http.StatusServiceUnavailable, ProblemStoreUnavailable,
+		"the request was not processed; retry with the same key"},
 }
 
 // handlerRun is a run of the handler through the executor.
@@ -350,7 +362,7 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 	run.next.ServeHTTP(rec, r2)
 	rec.finish()
 	if !Stored(rec.status) {
-		return nil, ErrTransientStatus
+		return nil, ErrTransient
 	}
 	stored = rec.encode(stored, c.stored)
 	if run.runs == 1 {
@@ -359,25 +371,12 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 	return stored, nil
 }
 
-// rolledBack reports whether err says the handler's effects were rolled
-// back with the key (a StoreError with Ran false).
-func rolledBack(err error) bool {
-	var se *idempotency.StoreError
-	return errors.As(err, &se) && !se.Ran
-}
-
 // scopeOf returns r's scope, or answers the rejection and reports false.
 func (m *middleware) scopeOf(w http.ResponseWriter, r *http.Request) ([]string, bool) {
 	scope, err := m.cfg.scope(r)
 	if err == nil {
-		if len(scope) == 0 {
-			err = RejectScope(http.StatusForbidden, "the request has no scope (tenant, actor)")
-		}
-		for _, p := range scope {
-			if p == "" {
-				err = RejectScope(http.StatusForbidden, "a part of the request's scope (tenant, actor) is empty")
-				break
-			}
+		if why := edge.ScopeParts(scope); why != "" {
+			err = RejectScope(http.StatusForbidden, "the request "+why)
 		}
 	}
 	if err == nil {
@@ -411,7 +410,8 @@ func (m *middleware) answerPanic(w http.ResponseWriter, rec *recorder, p any) {
 func (m *middleware) replay(w http.ResponseWriter, b []byte) {
 	s, err := decodeStored(b, w.Header(), m.cfg.stored)
 	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, ProblemInternal, err.Error(), 0)
+		a := answers[idempotency.OutcomeCorrupt]
+		writeProblem(w, a.status, a.typ, a.detail, 0)
 		return
 	}
 	if s.tooLarge {
@@ -485,7 +485,7 @@ func DefaultFingerprint(r *http.Request, body []byte) (idempotency.Fingerprint, 
 	if len(body) > 0 && isJSON(contentType(r.Header)) {
 		// FingerprintParts(r.Method, r.URL.Path, sortedQuery(r), "json",
 		// string(FingerprintJSON(body))), two allocations cheaper.
-		if fp, ok := fphook.JSONRequest(r.Method, r.URL.Path, sortedQuery(r), body); ok {
+		if fp, ok := canon.JSONRequest(r.Method, r.URL.Path, sortedQuery(r), body); ok {
 			return idempotency.Fingerprint(fp), nil
 		}
 	}

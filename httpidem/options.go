@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"reflect"
 	"strings"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // Defaults of the middleware's options.
@@ -122,10 +122,8 @@ func (c *config) validateConfig() error {
 		return invalidArg("invalid key header name %q", c.keyHeader)
 	case c.replayHeader == "" || !validHeaderName(c.replayHeader):
 		return invalidArg("invalid replay header name %q", c.replayHeader)
-	case c.scope == nil && !c.sharedKeys:
-		return invalidArg("no scope: give WithScope, so that one client's key can never reach another client's stored response, or WithSharedKeySpace() if every caller is trusted to make keys no other caller can guess")
-	case c.scope != nil && c.sharedKeys:
-		return invalidArg("both WithScope and WithSharedKeySpace: choose one")
+	case edge.ScopeChoice(c.scope != nil, c.sharedKeys) != "":
+		return invalidArg("%s", edge.ScopeChoice(c.scope != nil, c.sharedKeys))
 	case len(c.methods) == 0:
 		return invalidArg("no methods")
 	case c.fingerprint == nil:
@@ -260,14 +258,4 @@ func WithStoredHeaders(names ...string) Option {
 // one second). Default: [DefaultMaxRetryAfter].
 func WithMaxRetryAfter(max time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRetryAfter = max })
-}
-
-// isNil reports whether v is nil or holds a nil pointer (a typed nil such
-// as a nil *idempotency.Runner).
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

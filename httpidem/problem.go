@@ -45,9 +45,13 @@ const (
 	// not be established, so its key cannot be used. Nothing was claimed
 	// and the handler did not run.
 	ProblemScopeRejected = problemBase + "ProblemScopeRejected"
+	// ProblemResultCorrupt (500): the stored response of this key cannot
+	// be read (written by another version or codec, or damaged). The
+	// request is not run again: an operator must inspect the record.
+	ProblemResultCorrupt = problemBase + "ProblemResultCorrupt"
 	// ProblemInternal (500): the handler panicked (the key was released,
-	// so a retry runs it again), the stored response could not be read, or
-	// the request failed in a way the middleware cannot classify.
+	// so a retry runs it again), or the request failed in a way the
+	// middleware cannot classify.
 	ProblemInternal = problemBase + "ProblemInternal"
 )
 
@@ -83,6 +87,7 @@ var problemTitles = map[string]string{
 	ProblemResponseNotStored: "Response of the original request not stored",
 	ProblemStoreUnavailable:  "Idempotency store unavailable",
 	ProblemScopeRejected:     "Request scope rejected",
+	ProblemResultCorrupt:     "Stored response unreadable",
 	ProblemInternal:          "Internal error",
 }
 

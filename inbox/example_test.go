@@ -32,14 +32,14 @@ func Example() {
 		{Source: "payments", ID: "evt_2", Payload: []byte(`{"credit":"lots"}`)},
 	}
 	for _, msg := range deliveries {
-		dup, err := in.Handle(context.Background(), msg, func(ctx context.Context) error {
+		d, _ := in.Handle(context.Background(), msg, func(ctx context.Context) error {
 			if msg.ID == "evt_2" {
 				return idempotency.Permanent(errors.New("malformed credit"))
 			}
 			balance += 100
 			return nil
 		})
-		fmt.Printf("%s duplicate=%v -> %v\n", msg.ID, dup, inbox.Decide(err))
+		fmt.Printf("%s duplicate=%v -> %v\n", msg.ID, d.Duplicate, d.Disposition)
 	}
 	fmt.Println("balance:", balance)
 	// Output:

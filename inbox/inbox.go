@@ -73,29 +73,52 @@ func (in *Inbox) Request(msg Message) idempotency.Request {
 	return req
 }
 
+// Delivery is what [Inbox.Handle] reports of one delivery of an event.
+type Delivery struct {
+	// Outcome is how the call ended, in the library's vocabulary
+	// ([idempotency.Outcome]): OutcomeCompleted when the event was
+	// handled now, OutcomeReplay when it had been before, and so on.
+	Outcome idempotency.Outcome
+	// Duplicate reports that this consumer had processed the event before:
+	// handle did not run.
+	Duplicate bool
+	// Disposition is what to tell the broker ([Decide]).
+	Disposition Disposition
+}
+
 // Handle runs handle for msg unless this consumer has processed msg's
-// event before, and reports whether it had (duplicate). What to tell the
-// broker follows from the result; [Decide] says it:
+// event before, and reports how the delivery went and what to tell the
+// broker ([Decide] makes the Disposition from the outcome):
 //
-//   - nil: processed now or before (duplicate): acknowledge;
+//   - handled now or before (a duplicate): Ack;
 //   - an error marked [idempotency.Permanent] by handle, now or replayed on
 //     a later delivery (a [*idempotency.StoredError]): the event can never
-//     succeed; acknowledge it and dead-letter it;
-//   - [idempotency.ErrInProgress]: another delivery is being handled right
-//     now; let the broker redeliver later;
-//   - any other error (handle's transient error, after which the event is
-//     released; a store failure): let the broker redeliver.
-//
-// An invalid source or ID gives an error wrapping
-// [idempotency.ErrInvalidKey] (dead-letter it: it can never be recorded).
-func (in *Inbox) Handle(ctx context.Context, msg Message, handle func(ctx context.Context) error) (duplicate bool, err error) {
+//     succeed; DeadLetter (acknowledge it and put it aside);
+//   - another delivery is being handled right now
+//     ([idempotency.ErrInProgress]): Retry, let the broker redeliver later;
+//   - handle's transient error, after which the event is released, or a
+//     store failure: Retry;
+//   - an invalid source or ID ([idempotency.ErrInvalidKey]), a reused ID
+//     with another payload ([idempotency.ErrMismatch]): DeadLetter, it can
+//     never be recorded.
+func (in *Inbox) Handle(ctx context.Context, msg Message, handle func(ctx context.Context) error) (Delivery, error) {
 	if handle == nil {
-		return false, fmt.Errorf("%w: inbox: nil handler", idempotency.ErrInvalidArgument)
+		return Delivery{Disposition: DeadLetter}, fmt.Errorf("%w: inbox: nil handler", idempotency.ErrInvalidArgument)
 	}
 	res, err := idempotency.Do(ctx, in.r, in.Request(msg), func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, handle(ctx)
 	})
-	return res.Replayed, err
+	return DeliveryOf(res.Outcome, err), err
+}
+
+// DeliveryOf is the Delivery of a call that ended with outcome o and
+// error err, for the transactional forms of the adapters (the PostgreSQL
+// adapter's InboxTx).
+func DeliveryOf(o idempotency.Outcome, err error) Delivery {
+	if o == idempotency.OutcomeUnknown {
+		o = idempotency.OutcomeOf(err)
+	}
+	return Delivery{Outcome: o, Duplicate: o == idempotency.OutcomeReplay, Disposition: Decide(o, err)}
 }
 
 // Disposition is what a consumer tells its broker about a delivery.
@@ -126,15 +149,31 @@ func (d Disposition) String() string {
 	return fmt.Sprintf("Disposition(%d)", uint8(d))
 }
 
-// Decide maps the error of [Inbox.Handle] to what the consumer tells the
-// broker, as Handle documents.
-func Decide(err error) Disposition {
-	switch {
-	case err == nil:
-		return Ack
-	case errors.Is(err, idempotency.ErrPermanent), errors.Is(err, idempotency.ErrInvalidKey),
-		errors.Is(err, idempotency.ErrMismatch), errors.Is(err, idempotency.ErrResultNotStored):
+// dispositions maps the outcome of a call to what the consumer tells the
+// broker; an outcome not listed (a store failure, a lost lease, an unknown
+// one) is Retry. For Completed and Replay, an error (a permanent error,
+// now or replayed) is DeadLetter: the event can never succeed.
+var dispositions = [...]Disposition{
+	idempotency.OutcomeCompleted:       Ack,
+	idempotency.OutcomeReplay:          Ack,
+	idempotency.OutcomeMismatch:        DeadLetter,
+	idempotency.OutcomeInvalidKey:      DeadLetter,
+	idempotency.OutcomeResultNotStored: DeadLetter,
+	idempotency.OutcomeCorrupt:         DeadLetter,
+}
+
+// Decide maps the outcome of a delivery, and its error, to what the
+// consumer tells the broker, as [Inbox.Handle] documents.
+func Decide(o idempotency.Outcome, err error) Disposition {
+	if err != nil && errors.Is(err, idempotency.ErrInvalidArgument) {
+		return DeadLetter // a call that can never be made
+	}
+	d := Retry
+	if int(o) < len(dispositions) && dispositions[o] != 0 {
+		d = dispositions[o]
+	}
+	if d == Ack && err != nil {
 		return DeadLetter
 	}
-	return Retry
+	return d
 }

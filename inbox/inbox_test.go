@@ -26,18 +26,33 @@ func newInbox(t *testing.T, consumer string) *inbox.Inbox {
 }
 
 func TestDecide(t *testing.T) {
-	for err, want := range map[error]inbox.Disposition{
-		nil:                                              inbox.Ack,
-		idempotency.Permanent(errors.New("x")):           inbox.DeadLetter,
-		&idempotency.StoredError{Message: "x"}:           inbox.DeadLetter,
-		idempotency.ErrMismatch:                          inbox.DeadLetter,
-		idempotency.ErrInvalidKey:                        inbox.DeadLetter,
-		&idempotency.InProgressError{}:                   inbox.Retry,
-		&idempotency.StoreError{Err: errors.New("down")}: inbox.Retry,
-		errors.New("transient"):                          inbox.Retry,
+	for _, c := range []struct {
+		o    idempotency.Outcome
+		err  error
+		want inbox.Disposition
+	}{
+		{idempotency.OutcomeCompleted, nil, inbox.Ack},
+		{idempotency.OutcomeReplay, nil, inbox.Ack},
+		{idempotency.OutcomeCompleted, idempotency.Permanent(errors.New("x")), inbox.DeadLetter},
+		{idempotency.OutcomeReplay, &idempotency.StoredError{Message: "x"}, inbox.DeadLetter},
+		{idempotency.OutcomeMismatch, idempotency.ErrMismatch, inbox.DeadLetter},
+		{idempotency.OutcomeInvalidKey, idempotency.ErrInvalidKey, inbox.DeadLetter},
+		{idempotency.OutcomeCorrupt, idempotency.ErrCorrupt, inbox.DeadLetter},
+		{idempotency.OutcomeResultNotStored, idempotency.ErrResultNotStored, inbox.DeadLetter},
+		{idempotency.OutcomeInProgress, &idempotency.InProgressError{}, inbox.Retry},
+		{idempotency.OutcomeStoreError, &idempotency.StoreError{Err: errors.New("down")}, inbox.Retry},
+		{idempotency.OutcomeReleased, errors.New("transient"), inbox.Retry},
+		{idempotency.OutcomeLeaseLost, idempotency.ErrLeaseLost, inbox.Retry},
+		{idempotency.OutcomeUnknown, errors.New("who knows"), inbox.Retry},
+		{idempotency.OutcomeUnknown, idempotency.ErrInvalidArgument, inbox.DeadLetter},
 	} {
-		if got := inbox.Decide(err); got != want {
-			t.Errorf("Decide(%v) = %v, want %v", err, got, want)
+		if got := inbox.Decide(c.o, c.err); got != c.want {
+			t.Errorf("Decide(%v, %v) = %v, want %v", c.o, c.err, got, c.want)
+		}
+		// An executor that does not say the outcome: DeliveryOf reads it
+		// from the error, into the same disposition.
+		if got := inbox.DeliveryOf(idempotency.OutcomeUnknown, c.err).Disposition; c.err != nil && c.o != idempotency.OutcomeReleased && c.o != idempotency.OutcomeCompleted && got != c.want {
+			t.Errorf("DeliveryOf(unknown, %v).Disposition = %v, want %v", c.err, got, c.want)
 		}
 	}
 }
@@ -104,26 +119,26 @@ func TestConcurrentRedeliveries(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 10 {
 		wg.Go(func() {
-			_, err := in.Handle(context.Background(), msg, func(context.Context) error {
+			d, err := in.Handle(context.Background(), msg, func(context.Context) error {
 				effects.Add(1)
 				return nil
 			})
-			if d := inbox.Decide(err); d == inbox.DeadLetter {
+			if d.Disposition == inbox.DeadLetter {
 				t.Errorf("a redelivery was dead-lettered: %v", err)
 			}
 		})
 	}
 	wg.Wait()
-	if dup, err := in.Handle(context.Background(), msg, func(context.Context) error { effects.Add(1); return nil }); err != nil || !dup {
-		t.Fatalf("late redelivery: dup=%v err=%v", dup, err)
+	if d, err := in.Handle(context.Background(), msg, func(context.Context) error { effects.Add(1); return nil }); err != nil || !d.Duplicate || d.Disposition != inbox.Ack {
+		t.Fatalf("late redelivery: %+v, %v", d, err)
 	}
 	if effects.Load() != 1 {
 		t.Fatalf("effects %d, want 1", effects.Load())
 	}
 	// The same ID with another payload is a producer bug, not a duplicate.
-	_, err := in.Handle(context.Background(), inbox.Message{Source: "s", ID: "e", Payload: []byte("other")}, func(context.Context) error { return nil })
-	if !errors.Is(err, idempotency.ErrMismatch) || inbox.Decide(err) != inbox.DeadLetter {
-		t.Fatalf("reused ID: %v", err)
+	d, err := in.Handle(context.Background(), inbox.Message{Source: "s", ID: "e", Payload: []byte("other")}, func(context.Context) error { return nil })
+	if !errors.Is(err, idempotency.ErrMismatch) || d.Disposition != inbox.DeadLetter || d.Outcome != idempotency.OutcomeMismatch {
+		t.Fatalf("reused ID: %+v, %v", d, err)
 	}
 }
 
@@ -142,7 +157,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := in.Handle(context.Background(), inbox.Message{Source: "s", ID: ""}, func(context.Context) error { return nil }); !errors.Is(err, idempotency.ErrInvalidKey) {
 		t.Errorf("empty ID: %v", err)
 	}
-	if _, err := in.Handle(context.Background(), inbox.Message{Source: "s", ID: "e"}, nil); !errors.Is(err, idempotency.ErrInvalidArgument) {
-		t.Errorf("nil handler: %v", err)
+	if d, err := in.Handle(context.Background(), inbox.Message{Source: "s", ID: "e"}, nil); !errors.Is(err, idempotency.ErrInvalidArgument) || d.Disposition != inbox.DeadLetter {
+		t.Errorf("nil handler: %+v, %v", d, err)
 	}
 }

@@ -46,7 +46,7 @@ type workload struct {
 
 // randomCoverage is what randomCall reaches.
 var randomCoverage = []string{
-	"claim:acquired", "claim:acquired+cps", "claim:in_progress", "claim:replay", "claim:mismatch",
+	"claim:acquired", "claim:acquired+cps", "claim:in_progress", "claim:replayed", "claim:mismatch",
 	"renew:ok", "renew:lost", "checkpoint:ok", "checkpoint:lost",
 	"complete:ok", "complete:lost", "release:ok", "release:lost",
 }

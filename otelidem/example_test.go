@@ -65,7 +65,7 @@ func Example_prometheus() {
 		}
 	}
 	// Output:
-	// idempotency_calls_total{http_route="POST /payments",idempotency_outcome="acquired",idempotency_scope_class="scoped"} 1
+	// idempotency_calls_total{http_route="POST /payments",idempotency_outcome="completed",idempotency_scope_class="scoped"} 1
 	// idempotency_calls_total{http_route="POST /payments",idempotency_outcome="replayed",idempotency_scope_class="scoped"} 1
 	// idempotency_leases_active{http_route="POST /payments",idempotency_scope_class="scoped"} 0
 	// idempotency_store_operation_duration_seconds_count{idempotency_store_operation="claim"} 2

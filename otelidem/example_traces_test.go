@@ -46,7 +46,7 @@ func ExampleNew() {
 	// Output:
 	// idempotency.store.claim
 	// idempotency.store.complete
-	// idempotency.do outcome=acquired
+	// idempotency.do outcome=completed
 	// idempotency.store.claim
 	// idempotency.do outcome=replayed
 	// POST /payments outcome=replayed

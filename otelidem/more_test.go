@@ -82,7 +82,7 @@ func TestHTTPRequestSpan(t *testing.T) {
 	want := []struct {
 		outcome  string
 		replayed bool
-	}{{"acquired", false}, {"replayed", true}, {"mismatch", false}}
+	}{{"completed", false}, {"replayed", true}, {"mismatch", false}}
 	for i, s := range server {
 		if got := attrOf(s, otelidem.AttrOutcome).AsString(); got != want[i].outcome {
 			t.Errorf("request %d: outcome %q, want %q", i, got, want[i].outcome)
@@ -135,7 +135,7 @@ func TestCallSpanAttributes(t *testing.T) {
 		t.Fatal("no idempotency.do span")
 	}
 	for k, want := range map[attribute.Key]string{
-		otelidem.AttrOutcome:    "takeover",
+		otelidem.AttrOutcome:    "completed",
 		otelidem.AttrFence:      attribute.Int64Value(res.Fence).Emit(),
 		otelidem.AttrAttempt:    "2",
 		otelidem.AttrReplayed:   "false",
@@ -156,34 +156,38 @@ func TestCallSpanAttributes(t *testing.T) {
 			t.Errorf("no child span %q of idempotency.do (children: %v)", name, children)
 		}
 	}
+	equalMaps(t, otelidem.MetricTakeovers, h.sums(otelidem.MetricTakeovers, "{call}", true), map[string]int64{
+		"idempotency.scope.class=shared": 1,
+	})
 }
 
-// TestOutsideDo: events reported by another execution mode (here through
-// Runner.Observe, as the PostgreSQL transactional mode does) are counted
-// one by one.
+// TestOutsideDo: events reported outside a call of Do (the reconciler's)
+// are counted one by one by their outcome, but for the claims acquired
+// (a step of a call) and purges (an operator's act); a takeover counts in
+// idempotency.takeovers.
 func TestOutsideDo(t *testing.T) {
 	h := newHarness(t, otelidem.Options{Operation: func(ctx context.Context, scope []string) string { return "charge" }})
-	r, err := idempotency.New(memory.New(nil), idempotency.WithObserver(h.o))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	for _, e := range []idempotency.Event{
-		{Kind: idempotency.EventAcquired, Attempt: 1},
-		{Kind: idempotency.EventAcquired, Attempt: 3},
-		{Kind: idempotency.EventCompleted},
-		{Kind: idempotency.EventReplayed, Err: &idempotency.StoredError{Message: "no"}},
-		{Kind: idempotency.EventReplayed},
-		{Kind: idempotency.EventReleased},
-		{Kind: idempotency.EventStoreError, Err: errDown},
+		{Outcome: idempotency.OutcomeAcquired, Attempt: 1},
+		{Outcome: idempotency.OutcomeAcquired, Attempt: 3},
+		{Outcome: idempotency.OutcomeCompleted},
+		{Outcome: idempotency.OutcomeReplay, Err: &idempotency.StoredError{Message: "no"}},
+		{Outcome: idempotency.OutcomeReplay},
+		{Outcome: idempotency.OutcomeReleased},
+		{Outcome: idempotency.OutcomeStoreError, Err: errDown},
+		{Outcome: idempotency.OutcomePurged},
 	} {
-		r.Observe(ctx, e)
+		h.o.Observe(ctx, e)
 	}
 	oc := func(o string) string {
 		return "idempotency.operation=charge,idempotency.outcome=" + o + ",idempotency.scope.class=shared"
 	}
 	equalMaps(t, otelidem.MetricCalls, h.sums(otelidem.MetricCalls, "{call}", true), map[string]int64{
-		oc("acquired"): 1, oc("takeover"): 1, oc("stored_error"): 1, oc("replayed"): 1, oc("store_error"): 1,
+		oc("completed"): 1, oc("replayed"): 2, oc("released"): 1, oc("store_error"): 1,
+	})
+	equalMaps(t, otelidem.MetricTakeovers, h.sums(otelidem.MetricTakeovers, "{call}", true), map[string]int64{
+		"idempotency.operation=charge,idempotency.scope.class=shared": 1,
 	})
 }
 
@@ -225,8 +229,8 @@ func TestConcurrent(t *testing.T) {
 	if total != workers*calls {
 		t.Errorf("%d calls counted, want %d: %v", total, workers*calls, got)
 	}
-	if acq := got["idempotency.outcome=acquired,idempotency.scope.class=test"]; acq != keys {
-		t.Errorf("%d acquired, want %d (one per key)", acq, keys)
+	if acq := got["idempotency.outcome=completed,idempotency.scope.class=test"]; acq != keys {
+		t.Errorf("%d completed, want %d (one per key)", acq, keys)
 	}
 	equalMaps(t, otelidem.MetricActiveLeases, h.sums(otelidem.MetricActiveLeases, "{lease}", false), map[string]int64{
 		"idempotency.scope.class=test": 0,
@@ -270,9 +274,9 @@ func TestMaxAttributeSets(t *testing.T) {
 		return "idempotency.outcome=" + o + ",idempotency.scope.class=scoped,tenant=" + tenant
 	}
 	equalMaps(t, otelidem.MetricCalls, h.sums(otelidem.MetricCalls, "{call}", true), map[string]int64{
-		oc("t1", "acquired"): 1,
-		"idempotency.outcome=acquired,otel.metric.overflow=true": 2,
-		"idempotency.outcome=replayed,otel.metric.overflow=true": 1,
+		oc("t1", "completed"): 1,
+		"idempotency.outcome=completed,otel.metric.overflow=true": 2,
+		"idempotency.outcome=replayed,otel.metric.overflow=true":  1,
 	})
 	equalMaps(t, otelidem.MetricActiveLeases, h.sums(otelidem.MetricActiveLeases, "{lease}", false), map[string]int64{
 		"idempotency.scope.class=scoped,tenant=t1": 0,
@@ -297,6 +301,6 @@ func TestUnsampledParent(t *testing.T) {
 		t.Errorf("%d spans under an unsampled parent", n)
 	}
 	equalMaps(t, otelidem.MetricCalls, h.sums(otelidem.MetricCalls, "{call}", true), map[string]int64{
-		"idempotency.outcome=acquired,idempotency.scope.class=shared": 1,
+		"idempotency.outcome=completed,idempotency.scope.class=shared": 1,
 	})
 }

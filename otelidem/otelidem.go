@@ -22,6 +22,7 @@
 //
 //	name                                  instrument                     unit     attributes
 //	idempotency.calls                     Int64ObservableCounter         {call}   idempotency.outcome, common
+//	idempotency.takeovers                 Int64ObservableCounter         {call}   common
 //	idempotency.fn.duration               Float64Histogram               s        idempotency.outcome, common
 //	idempotency.store.operation.duration  Float64Histogram               s        idempotency.store.operation, error.type (on failure)
 //	idempotency.leases.active             Int64ObservableUpDownCounter   {lease}  common
@@ -32,8 +33,11 @@
 // are cumulative sums like any other. A combination of common attributes
 // reports its lease count from its first lease on, zero included.
 //
-// The outcomes (attribute idempotency.outcome) are the constants
-// [OutcomeAcquired] to [OutcomeStoreError]. The common attributes are
+// The outcomes (attribute idempotency.outcome) are the words of
+// [idempotency.Outcome], the one vocabulary of Result, events and logs:
+// completed, replayed, in_progress and so on. A call that took a crashed
+// holder's record over counts by its outcome too, and once more in
+// idempotency.takeovers. The common attributes are
 // idempotency.scope.class ([Options.ScopeClass]), idempotency.operation
 // ([Options.Operation]) and the scope parts the service names in
 // [Options.ScopeAttributes]. Client keys never become attributes, and
@@ -42,11 +46,12 @@
 // series per client.
 //
 // A call of Do counts once, by how it ended: a duplicate that waits
-// ([idempotency.WithWait]) and then replays counts as replayed. Calls
-// that do not go through Do (an adapter's transactional
-// [idempotency.Executor], the reconciler) are counted from the events
-// they report, one per event. idempotency.leases.active counts the calls
-// of Do of this process whose fn holds a lease.
+// ([idempotency.WithWait]) and then replays counts as replayed. An
+// adapter's transactional mode (the PostgreSQL adapter's DoTx and
+// TxExecutor) is a call of Do and counts alike. The reconciler's work, which
+// is not a call of Do, is counted from the events it reports, one per
+// record it resolves. idempotency.leases.active counts the calls of Do of
+// this process whose fn holds a lease.
 //
 // # Traces
 //
@@ -67,7 +72,6 @@ package otelidem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -88,6 +92,7 @@ const ScopeName = "github.com/exactlyonce/idempotency/otelidem"
 // attributes.
 const (
 	MetricCalls         = "idempotency.calls"
+	MetricTakeovers     = "idempotency.takeovers"
 	MetricFnDuration    = "idempotency.fn.duration"
 	MetricStoreDuration = "idempotency.store.operation.duration"
 	MetricActiveLeases  = "idempotency.leases.active"
@@ -107,134 +112,23 @@ const (
 	AttrErrorType = attribute.Key("error.type")
 )
 
-// An Outcome is a value of the idempotency.outcome attribute: how a call
-// ended, as its client sees it. Exported values never change.
-type Outcome uint8
+// numOutcomes bounds the values of [idempotency.Outcome] counted; an
+// outcome beyond it (of a later version) counts as OutcomeUnknown.
+const numOutcomes = 32
 
-// The outcomes.
-const (
-	// OutcomeAcquired: fn ran under a fresh claim (whatever it returned).
-	OutcomeAcquired Outcome = iota
-	// OutcomeTakeover: fn ran after taking over a holder whose lease ended.
-	OutcomeTakeover
-	// OutcomeReplayed: a stored value was replayed; fn did not run.
-	OutcomeReplayed
-	// OutcomeStoredError: a stored permanent error was replayed
-	// ([idempotency.StoredError]).
-	OutcomeStoredError
-	// OutcomeResultNotStored: an earlier run succeeded but its result could
-	// not be stored ([idempotency.ErrResultNotStored]).
-	OutcomeResultNotStored
-	// OutcomeInProgress: another holder's lease was live (HTTP 409), also
-	// when the call gave up waiting for it.
-	OutcomeInProgress
-	// OutcomeMismatch: the key was used with another request (HTTP 422).
-	OutcomeMismatch
-	// OutcomeInvalidKey: the key, a scope part or the fingerprint was
-	// refused before the store was touched.
-	OutcomeInvalidKey
-	// OutcomeLeaseLost: fn ran but its lease was lost.
-	OutcomeLeaseLost
-	// OutcomeStoreError: the store failed (HTTP 503), before or after fn.
-	OutcomeStoreError
-	numOutcomes
-)
-
-var outcomeNames = [numOutcomes]string{
-	OutcomeAcquired:        "acquired",
-	OutcomeTakeover:        "takeover",
-	OutcomeReplayed:        "replayed",
-	OutcomeStoredError:     "stored_error",
-	OutcomeResultNotStored: "result_not_stored",
-	OutcomeInProgress:      "in_progress",
-	OutcomeMismatch:        "mismatch",
-	OutcomeInvalidKey:      "invalid_key",
-	OutcomeLeaseLost:       "lease_lost",
-	OutcomeStoreError:      "store_error",
+// outcomeOf is o, as an index of the counts.
+func outcomeOf(o idempotency.Outcome) idempotency.Outcome {
+	if int(o) >= numOutcomes {
+		return idempotency.OutcomeUnknown
+	}
+	return o
 }
 
-// String returns the outcome's attribute value, such as "in_progress".
-func (o Outcome) String() string {
-	if o < numOutcomes {
-		return outcomeNames[o]
-	}
-	return fmt.Sprintf("Outcome(%d)", uint8(o))
-}
-
-// CallOutcome classifies a call of [idempotency.Do] by its summary.
-func CallOutcome(c idempotency.Call) Outcome {
-	err := c.Err
-	switch {
-	case c.Replayed:
-		return replayOutcome(err)
-	case c.Ran:
-		// fn's own error, whatever it wraps, is not the call's outcome,
-		// except for a lost lease or a failed store, which Do (or Step)
-		// reports.
-		switch {
-		case errors.Is(err, idempotency.ErrLeaseLost):
-			return OutcomeLeaseLost
-		case errors.Is(err, idempotency.ErrStore):
-			return OutcomeStoreError
-		case c.Attempt > 1:
-			return OutcomeTakeover
-		}
-		return OutcomeAcquired
-	}
-	// fn did not run: the error is Do's own.
-	switch {
-	case errors.Is(err, idempotency.ErrInProgress):
-		return OutcomeInProgress
-	case errors.Is(err, idempotency.ErrMismatch):
-		return OutcomeMismatch
-	case errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidArgument):
-		return OutcomeInvalidKey
-	case errors.Is(err, idempotency.ErrStore):
-		return OutcomeStoreError
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		// The caller gave up while waiting for another holder (WithWait).
-		return OutcomeInProgress
-	}
-	return OutcomeStoreError
-}
-
-func replayOutcome(err error) Outcome {
-	if err == nil {
-		return OutcomeReplayed
-	}
-	var se *idempotency.StoredError
-	switch {
-	case errors.Is(err, idempotency.ErrResultNotStored):
-		return OutcomeResultNotStored
-	case errors.As(err, &se):
-		return OutcomeStoredError
-	}
-	return OutcomeReplayed
-}
-
-// eventOutcome classifies an event reported outside a call of Do; ok is
-// false for events that are no outcome (completed, released, purged).
-func eventOutcome(e idempotency.Event) (Outcome, bool) {
-	switch e.Kind {
-	case idempotency.EventAcquired:
-		if e.Attempt > 1 {
-			return OutcomeTakeover, true
-		}
-		return OutcomeAcquired, true
-	case idempotency.EventReplayed:
-		return replayOutcome(e.Err), true
-	case idempotency.EventInProgress:
-		return OutcomeInProgress, true
-	case idempotency.EventMismatch:
-		return OutcomeMismatch, true
-	case idempotency.EventInvalidKey:
-		return OutcomeInvalidKey, true
-	case idempotency.EventLeaseLost:
-		return OutcomeLeaseLost, true
-	case idempotency.EventStoreError:
-		return OutcomeStoreError, true
-	}
-	return 0, false
+// counted reports whether an event outside a call of Do (the reconciler's)
+// counts as a call: every outcome but the claim acquired, a step of the
+// call, and a purge, an operator's act.
+func counted(o idempotency.Outcome) bool {
+	return o != idempotency.OutcomeAcquired && o != idempotency.OutcomePurged
 }
 
 // MaxScopeAttributes is how many scope parts [Options.ScopeAttributes]
@@ -295,6 +189,7 @@ type Observer struct {
 	// collection, which costs a call an atomic add instead of the SDK's
 	// synchronous path.
 	calls        metric.Int64ObservableCounter
+	takeovers    metric.Int64ObservableCounter
 	fnDuration   metric.Float64Histogram
 	storeLatency metric.Float64Histogram
 	leases       metric.Int64ObservableUpDownCounter
@@ -353,6 +248,10 @@ func New(opts *Options) (*Observer, error) {
 		metric.WithDescription("Calls of idempotency.Do, by how they ended.")); err != nil {
 		return nil, err
 	}
+	if o.takeovers, err = meter.Int64ObservableCounter(MetricTakeovers, metric.WithUnit("{call}"),
+		metric.WithDescription("Calls of idempotency.Do that took over the record of a holder whose lease had ended.")); err != nil {
+		return nil, err
+	}
 	if o.fnDuration, err = meter.Float64Histogram(MetricFnDuration, metric.WithUnit("s"),
 		metric.WithDescription("How long the function run under an idempotency key took."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
@@ -379,7 +278,7 @@ func New(opts *Options) (*Observer, error) {
 	o.sets = make(map[setKey]*attrs)
 	o.maxSets = o.opts.MaxAttributeSets
 	o.overflow = newAttrs([]attribute.KeyValue{attribute.Bool("otel.metric.overflow", true)})
-	if _, err := meter.RegisterCallback(o.observe, o.calls, o.leases); err != nil {
+	if _, err := meter.RegisterCallback(o.observe, o.calls, o.takeovers, o.leases); err != nil {
 		return nil, err
 	}
 	return &o, nil
@@ -392,6 +291,9 @@ func (o *Observer) observe(_ context.Context, obs metric.Observer) error {
 			if n := a.counts[oc].Load(); n > 0 {
 				obs.ObserveInt64(o.calls, n, a.observe[oc])
 			}
+		}
+		if n := a.takeovers.Load(); n > 0 {
+			obs.ObserveInt64(o.takeovers, n, a.base)
 		}
 		if a.leased.Load() {
 			obs.ObserveInt64(o.leases, a.leases.Load(), a.base)
@@ -425,9 +327,10 @@ type attrs struct {
 	observe [numOutcomes]metric.ObserveOption
 	record  [numOutcomes][]metric.RecordOption
 
-	counts [numOutcomes]atomic.Int64 // calls by outcome
-	leases atomic.Int64              // leases held
-	leased atomic.Bool               // a lease was ever held: report the count
+	counts    [numOutcomes]atomic.Int64 // calls by outcome
+	takeovers atomic.Int64              // calls that took a record over
+	leases    atomic.Int64              // leases held
+	leased    atomic.Bool               // a lease was ever held: report the count
 }
 
 // attrsFor returns the attributes of a call with this context and scope.
@@ -487,7 +390,7 @@ func newAttrs(common []attribute.KeyValue) *attrs {
 	a := &attrs{common: common}
 	a.start = []trace.SpanStartOption{trace.WithAttributes(common...)}
 	a.base = metric.WithAttributeSet(attribute.NewSet(common...))
-	for oc := range numOutcomes {
+	for oc := range idempotency.Outcome(numOutcomes) {
 		kv := append(append([]attribute.KeyValue(nil), common...), AttrOutcome.String(oc.String()))
 		opt := metric.WithAttributeSet(attribute.NewSet(kv...))
 		a.observe[oc] = opt
@@ -546,7 +449,7 @@ func (o *Observer) EndCall(ctx context.Context, s idempotency.Call) {
 	if !ok {
 		return // not a context StartCall returned
 	}
-	oc := CallOutcome(s)
+	oc := outcomeOf(s.Outcome)
 	c.attrs.counts[oc].Add(1)
 	if s.Ran {
 		o.fnDuration.Record(c, s.FnDuration.Seconds(), c.attrs.record[oc]...)
@@ -565,7 +468,7 @@ func (o *Observer) EndCall(ctx context.Context, s idempotency.Call) {
 			AttrReplayed.Bool(s.Replayed),
 		)
 		switch oc {
-		case OutcomeStoreError, OutcomeLeaseLost:
+		case idempotency.OutcomeStoreError, idempotency.OutcomeLeaseLost, idempotency.OutcomeCorrupt:
 			c.span.SetStatus(codes.Error, s.Err.Error())
 		}
 		if s.Err == idempotency.ErrFnPanicked {
@@ -577,8 +480,8 @@ func (o *Observer) EndCall(ctx context.Context, s idempotency.Call) {
 
 // Observe implements [idempotency.Observer]. Within a call of Do it
 // tracks the call's lease and puts a heartbeat's failures on the call's
-// span (the call is counted by EndCall); outside one (an adapter's
-// transactional mode, the reconciler) it counts the event's outcome.
+// span (the call is counted by EndCall); outside one (the reconciler) it
+// counts the event's outcome.
 func (o *Observer) Observe(ctx context.Context, e idempotency.Event) {
 	if c, _ := ctx.Value(callKey{}).(*call); c != nil {
 		if c.key == "" {
@@ -591,28 +494,33 @@ func (o *Observer) Observe(ctx context.Context, e idempotency.Event) {
 		// An event of another execution mode run inside fn: not this
 		// call's.
 	}
-	oc, ok := eventOutcome(e)
-	if !ok {
-		return
+	a := o.attrsFor(ctx, e.Scope)
+	if e.Outcome == idempotency.OutcomeAcquired && e.Attempt > 1 {
+		a.takeovers.Add(1)
 	}
-	o.attrsFor(ctx, e.Scope).counts[oc].Add(1)
+	if counted(e.Outcome) {
+		a.counts[outcomeOf(e.Outcome)].Add(1)
+	}
 }
 
 func (o *Observer) observeInCall(c *call, e idempotency.Event) {
-	switch e.Kind {
-	case idempotency.EventAcquired:
+	switch e.Outcome {
+	case idempotency.OutcomeAcquired:
+		if e.Attempt > 1 {
+			c.attrs.takeovers.Add(1)
+		}
 		if !c.holding.Swap(true) {
 			c.attrs.leased.Store(true)
 			c.attrs.leases.Add(1)
 		}
-	case idempotency.EventLeaseLost:
+	case idempotency.OutcomeLeaseLost:
 		if c.holding.Swap(false) {
 			c.attrs.leases.Add(-1)
 		}
 		if c.span != nil {
 			c.span.AddEvent("idempotency.lease_lost", trace.WithAttributes(attribute.String("exception.message", errText(e.Err))))
 		}
-	case idempotency.EventStoreError:
+	case idempotency.OutcomeStoreError:
 		if c.span != nil {
 			c.span.AddEvent("idempotency.store_error", trace.WithAttributes(attribute.String("exception.message", errText(e.Err))))
 		}

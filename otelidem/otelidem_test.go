@@ -266,20 +266,20 @@ func TestScriptedSequence(t *testing.T) {
 	// The invalid key's call never reached the store, but its scope is the
 	// request's.
 	equalMaps(t, otelidem.MetricCalls, h.sums(otelidem.MetricCalls, "{call}", true), map[string]int64{
-		oc("acquired"):          4, // k1, k2, k4, k5
-		oc("replayed"):          1,
+		oc("completed"):         5, // k1, k2, k3 (a takeover), k4 (a permanent error), k5 (a marker)
+		oc("replayed"):          2, // k1's value, k4's stored error
 		oc("mismatch"):          1,
 		oc("in_progress"):       1,
-		oc("takeover"):          1,
-		oc("stored_error"):      1,
 		oc("result_not_stored"): 1,
 		oc("invalid_key"):       1,
 		oc("store_error"):       1,
 		oc("lease_lost"):        1,
 	})
+	equalMaps(t, otelidem.MetricTakeovers, h.sums(otelidem.MetricTakeovers, "{call}", true), map[string]int64{
+		common: 1, // k3
+	})
 	equalMaps(t, otelidem.MetricFnDuration, h.counts(otelidem.MetricFnDuration), map[string]uint64{
-		oc("acquired"):   4,
-		oc("takeover"):   1,
+		oc("completed"):  5,
 		oc("lease_lost"): 1,
 	})
 	equalMaps(t, otelidem.MetricActiveLeases, h.sums(otelidem.MetricActiveLeases, "{lease}", false), map[string]int64{
@@ -321,7 +321,7 @@ func TestScriptedSequence(t *testing.T) {
 			t.Errorf("unexpected span %q", s.Name())
 		}
 	}
-	want := []string{"acquired", "replayed", "mismatch", "in_progress", "acquired", "takeover", "acquired", "stored_error", "acquired", "result_not_stored", "invalid_key", "store_error", "lease_lost"}
+	want := []string{"completed", "replayed", "mismatch", "in_progress", "completed", "completed", "completed", "replayed", "completed", "result_not_stored", "invalid_key", "store_error", "lease_lost"}
 	slices.Sort(want)
 	slices.Sort(outcomes)
 	if !slices.Equal(outcomes, want) {

@@ -3,10 +3,10 @@ package otelidem
 import (
 	"context"
 	"errors"
-	"reflect"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/edge"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -26,10 +26,11 @@ const (
 	opPurge
 	opStuck
 	opSweep
+	opDiscard
 	numStoreOps
 )
 
-var storeOpNames = [numStoreOps]string{"claim", "renew", "checkpoint", "complete", "release", "watch", "inspect", "purge", "stuck", "sweep"}
+var storeOpNames = [numStoreOps]string{"claim", "renew", "checkpoint", "complete", "release", "watch", "inspect", "purge", "stuck", "sweep", "discard"}
 
 // spanNames are the store calls' span names, made once.
 var spanNames = func() (n [numStoreOps]string) {
@@ -77,11 +78,13 @@ func errorTypeOf(err error) errorType {
 
 // Store returns s with every call timed (idempotency.store.operation.duration)
 // and, when tracing is on, made a child span of the context it gets: the
-// call's span under Do. The wrapper implements the optional interfaces
-// that s implements, and only those ([idempotency.Watcher],
-// [idempotency.Inspector], [idempotency.Sweeper]), so that the runner
-// behaves as it does on s; it always implements
-// [idempotency.LimitedStore], with s's limits or none.
+// call's span under Do. The wrapper keeps exactly the capabilities of s
+// (idempotency.CapabilitiesOf): its Watcher, Inspector, Sweeper and
+// Transactional parts, each timed too, and its limits, so that the runner
+// behaves as it does on s. Its method Unwrap returns s (see
+// idempotency.StoreAs): the PostgreSQL adapter's transactional mode finds
+// its store through it, and its calls, which go through the wrapper as
+// every other call of Do does, are timed and traced alike.
 //
 // Each attempt is timed on its own: a call that the runner retries
 // ([idempotency.WithStoreRetries]) is one measurement per attempt. A
@@ -89,71 +92,38 @@ func errorTypeOf(err error) errorType {
 // not_found (expected answers of the store contract), canceled,
 // deadline_exceeded or _OTHER.
 //
-// The wrapper's method Unwrap() idempotency.Store returns s.
 // Store(nil), or a typed nil, returns nil, which [idempotency.New] refuses.
-// An execution mode that needs the adapter's own store type (the
-// PostgreSQL adapter's DoTx and TxExecutor need a *postgres.Store) finds
-// it through Unwrap and calls it directly, so the wrapper sees none of
-// those calls; the Observer still counts them from their events.
 func (o *Observer) Store(s idempotency.Store) idempotency.Store {
 	if isNil(s) {
 		return nil
 	}
 	b := &store{o: o, s: s}
-	w, isW := s.(idempotency.Watcher)
-	in, isI := s.(idempotency.Inspector)
-	sw, isS := s.(idempotency.Sweeper)
-	wp, ip, sp := watchPart{b, w}, inspectPart{b, in}, sweepPart{b, sw}
-	switch {
-	case isW && isI && isS:
-		return struct {
-			*store
-			watchPart
-			inspectPart
-			sweepPart
-		}{b, wp, ip, sp}
-	case isW && isI:
-		return struct {
-			*store
-			watchPart
-			inspectPart
-		}{b, wp, ip}
-	case isW && isS:
-		return struct {
-			*store
-			watchPart
-			sweepPart
-		}{b, wp, sp}
-	case isI && isS:
-		return struct {
-			*store
-			inspectPart
-			sweepPart
-		}{b, ip, sp}
-	case isW:
-		return struct {
-			*store
-			watchPart
-		}{b, wp}
-	case isI:
-		return struct {
-			*store
-			inspectPart
-		}{b, ip}
-	case isS:
-		return struct {
-			*store
-			sweepPart
-		}{b, sp}
+	c := idempotency.CapabilitiesOf(s)
+	b.caps.Limits = c.Limits
+	if c.Watcher != nil {
+		b.caps.Watcher = watchPart{b, c.Watcher}
+	}
+	if c.Inspector != nil {
+		b.caps.Inspector = inspectPart{b, c.Inspector}
+	}
+	if c.Sweeper != nil {
+		b.caps.Sweeper = sweepPart{b, c.Sweeper}
+	}
+	if c.Transactional != nil {
+		b.caps.Transactional = txPart{b, c.Transactional}
 	}
 	return b
 }
 
-// store is the wrapper's Store part.
+// store is the wrapper: its Store methods, and its parts in caps.
 type store struct {
-	o *Observer
-	s idempotency.Store
+	o    *Observer
+	s    idempotency.Store
+	caps idempotency.Capabilities
 }
+
+// Capabilities returns the wrapped store's capabilities, each part timed.
+func (s *store) Capabilities() idempotency.Capabilities { return s.caps }
 
 // start begins a store call: its span, when traced, and its clock.
 func (s *store) start(ctx context.Context, op storeOp) (context.Context, trace.Span, time.Time) {
@@ -223,14 +193,6 @@ func (s *store) Release(ctx context.Context, key string, token idempotency.Token
 	return err
 }
 
-// Limits returns the wrapped store's limits, if it has any.
-func (s *store) Limits() idempotency.Limits {
-	if ls, ok := s.s.(idempotency.LimitedStore); ok {
-		return ls.Limits()
-	}
-	return idempotency.Limits{}
-}
-
 // Unwrap returns the wrapped store.
 func (s *store) Unwrap() idempotency.Store { return s.s }
 
@@ -272,6 +234,20 @@ func (p inspectPart) Stuck(ctx context.Context, cursor string, limit int) ([]ide
 	return infos, next, err
 }
 
+type txPart struct {
+	s  *store
+	tx idempotency.Transactional
+}
+
+func (p txPart) InTx(ctx context.Context) bool { return p.tx.InTx(ctx) }
+
+func (p txPart) Discard(ctx context.Context, key string, token idempotency.Token) error {
+	sctx, span, t := p.s.start(ctx, opDiscard)
+	err := p.tx.Discard(sctx, key, token)
+	p.s.end(ctx, opDiscard, span, t, err)
+	return err
+}
+
 type sweepPart struct {
 	s  *store
 	sw idempotency.Sweeper
@@ -285,10 +261,4 @@ func (p sweepPart) Sweep(ctx context.Context, limit int) (int, error) {
 }
 
 // isNil reports whether s is nil or holds a nil pointer.
-func isNil(s idempotency.Store) bool {
-	if s == nil {
-		return true
-	}
-	v := reflect.ValueOf(s)
-	return v.Kind() == reflect.Pointer && v.IsNil()
-}
+func isNil(s idempotency.Store) bool { return edge.IsNil(s) }

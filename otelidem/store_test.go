@@ -28,10 +28,13 @@ func (inspect) Stuck(context.Context, string, int) ([]idempotency.RecordInfo, st
 	return nil, "", nil
 }
 func (sweep) Sweep(context.Context, int) (int, error) { return 7, nil }
-func (limited) Limits() idempotency.Limits            { return idempotency.Limits{MinLease: 5 * time.Second} }
+func (limited) Capabilities() idempotency.Capabilities {
+	return idempotency.Capabilities{Limits: idempotency.Limits{MinLease: 5 * time.Second}}
+}
 
-// TestStoreInterfaces: the wrapper implements exactly the optional
-// interfaces of the store it wraps, and reports its limits.
+// TestStoreInterfaces: the wrapper keeps exactly the capabilities of the
+// store it wraps, parts and limits, whatever their combination, with no
+// type per combination.
 func TestStoreInterfaces(t *testing.T) {
 	mem := memory.New(nil)
 	for name, tc := range map[string]struct {
@@ -51,21 +54,6 @@ func TestStoreInterfaces(t *testing.T) {
 			base
 			sweep
 		}{base{mem}, sweep{}}, false, false, true},
-		"watch+inspect": {struct {
-			base
-			watch
-			inspect
-		}{base{mem}, watch{}, inspect{}}, true, true, false},
-		"watch+sweep": {struct {
-			base
-			watch
-			sweep
-		}{base{mem}, watch{}, sweep{}}, true, false, true},
-		"inspect+sweep": {struct {
-			base
-			inspect
-			sweep
-		}{base{mem}, inspect{}, sweep{}}, false, true, true},
 		"watch+inspect+sweep": {struct {
 			base
 			watch
@@ -81,28 +69,18 @@ func TestStoreInterfaces(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t, otelidem.Options{})
 			w := h.o.Store(tc.s)
-			_, isW := w.(idempotency.Watcher)
-			_, isI := w.(idempotency.Inspector)
-			sw, isS := w.(idempotency.Sweeper)
-			if isW != tc.watch || isI != tc.in || isS != tc.sweep {
-				t.Errorf("wrapper is Watcher %v Inspector %v Sweeper %v, want %v %v %v", isW, isI, isS, tc.watch, tc.in, tc.sweep)
+			c := idempotency.CapabilitiesOf(w)
+			if (c.Watcher != nil) != tc.watch || (c.Inspector != nil) != tc.in || (c.Sweeper != nil) != tc.sweep {
+				t.Errorf("wrapper has Watcher %v Inspector %v Sweeper %v, want %v %v %v", c.Watcher != nil, c.Inspector != nil, c.Sweeper != nil, tc.watch, tc.in, tc.sweep)
 			}
-			ls, ok := w.(idempotency.LimitedStore)
-			if !ok {
-				t.Fatal("wrapper is not a LimitedStore")
-			}
-			want := idempotency.Limits{}
-			if inner, ok := tc.s.(idempotency.LimitedStore); ok {
-				want = inner.Limits()
-			}
-			if got := ls.Limits(); got != want {
-				t.Errorf("Limits() = %+v, want %+v", got, want)
+			if got, want := c.Limits, idempotency.CapabilitiesOf(tc.s).Limits; got != want {
+				t.Errorf("Limits = %+v, want %+v", got, want)
 			}
 			if u, ok := w.(interface{ Unwrap() idempotency.Store }); !ok || u.Unwrap() != tc.s {
 				t.Error("Unwrap does not return the wrapped store")
 			}
-			if isS {
-				if _, err := sw.Sweep(context.Background(), 0); err != nil {
+			if c.Sweeper != nil {
+				if _, err := c.Sweeper.Sweep(context.Background(), 0); err != nil {
 					t.Error(err)
 				}
 			}
@@ -156,32 +134,4 @@ func TestAdminThroughWrapper(t *testing.T) {
 		"idempotency.store.operation=purge":    1,
 		"idempotency.store.operation=sweep":    1,
 	})
-}
-
-// TestCallOutcome: the classification of calls, including fn errors that
-// wrap the runner's sentinels.
-func TestCallOutcome(t *testing.T) {
-	for _, tc := range []struct {
-		c    idempotency.Call
-		want otelidem.Outcome
-	}{
-		{idempotency.Call{Ran: true, Attempt: 1}, otelidem.OutcomeAcquired},
-		{idempotency.Call{Ran: true, Attempt: 1, Err: errors.New("declined")}, otelidem.OutcomeAcquired},
-		{idempotency.Call{Ran: true, Attempt: 2}, otelidem.OutcomeTakeover},
-		{idempotency.Call{Ran: true, Attempt: 1, Err: &idempotency.StoreError{Op: "complete", Ran: true, Err: errDown}}, otelidem.OutcomeStoreError},
-		{idempotency.Call{Ran: true, Attempt: 1, Err: idempotency.ErrLeaseLost}, otelidem.OutcomeLeaseLost},
-		{idempotency.Call{Ran: true, Attempt: 1, Err: idempotency.ErrFnPanicked}, otelidem.OutcomeAcquired},
-		{idempotency.Call{Replayed: true}, otelidem.OutcomeReplayed},
-		{idempotency.Call{Replayed: true, Err: &idempotency.StoredError{Message: "x"}}, otelidem.OutcomeStoredError},
-		{idempotency.Call{Replayed: true, Err: idempotency.ErrResultNotStored}, otelidem.OutcomeResultNotStored},
-		{idempotency.Call{Err: &idempotency.InProgressError{}}, otelidem.OutcomeInProgress},
-		{idempotency.Call{Err: context.Canceled}, otelidem.OutcomeInProgress},
-		{idempotency.Call{Err: idempotency.ErrMismatch}, otelidem.OutcomeMismatch},
-		{idempotency.Call{Err: idempotency.ErrInvalidKey}, otelidem.OutcomeInvalidKey},
-		{idempotency.Call{Err: &idempotency.StoreError{Op: "claim", Err: errDown}}, otelidem.OutcomeStoreError},
-	} {
-		if got := otelidem.CallOutcome(tc.c); got != tc.want {
-			t.Errorf("CallOutcome(%+v) = %v, want %v", tc.c, got, tc.want)
-		}
-	}
 }

@@ -89,16 +89,16 @@ func TestInboxOnRealStores(t *testing.T) {
 			var wg sync.WaitGroup
 			for range 10 {
 				wg.Go(func() {
-					_, err := in.Handle(ctx, msg, handle)
-					if d := inbox.Decide(err); d == inbox.DeadLetter {
+					d, err := in.Handle(ctx, msg, handle)
+					if d.Disposition == inbox.DeadLetter {
 						t.Errorf("concurrent delivery dead-lettered: %v", err)
 					}
 				})
 			}
 			wg.Wait()
 			for range 10 {
-				if dup, err := in.Handle(ctx, msg, handle); err != nil || !dup {
-					t.Fatalf("sequential delivery: duplicate=%v, %v", dup, err)
+				if d, err := in.Handle(ctx, msg, handle); err != nil || !d.Duplicate {
+					t.Fatalf("sequential delivery: %+v, %v", d, err)
 				}
 			}
 			if n := effects.Load(); n != 1 {
@@ -115,7 +115,7 @@ func TestInboxOnRealStores(t *testing.T) {
 				t.Fatalf("the crashed consumer's claim: %+v, %v", res, err)
 			}
 			effects.Store(0)
-			if _, err := in.Handle(ctx, crashed, handle); !errors.Is(err, idempotency.ErrInProgress) || inbox.Decide(err) != inbox.Retry {
+			if d, err := in.Handle(ctx, crashed, handle); !errors.Is(err, idempotency.ErrInProgress) || d.Disposition != inbox.Retry {
 				t.Fatalf("redelivery during the dead consumer's lease: %v; want in progress, retry", err)
 			}
 			time.Sleep(1500 * time.Millisecond)
@@ -124,8 +124,8 @@ func TestInboxOnRealStores(t *testing.T) {
 				wg2.Go(func() { in.Handle(ctx, crashed, handle) })
 			}
 			wg2.Wait()
-			if dup, err := in.Handle(ctx, crashed, handle); err != nil || !dup {
-				t.Fatalf("after the takeover: duplicate=%v, %v", dup, err)
+			if d, err := in.Handle(ctx, crashed, handle); err != nil || !d.Duplicate {
+				t.Fatalf("after the takeover: %+v, %v", d, err)
 			}
 			if n := effects.Load(); n != 1 {
 				t.Fatalf("%d effects of the crashed event after its lease, want 1", n)

@@ -1,16 +1,22 @@
-package idempotency
+// Package canon recognizes JSON already in its RFC 8785 form and hashes
+// fingerprints, for the root package's fingerprint helpers and httpidem's
+// default request fingerprint, which share one canonical-JSON hash and one
+// framing of parts.
+package canon
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
 )
 
-// canonicalSpan reports whether b is JSON already in its RFC 8785 form,
+// Span reports whether b is JSON already in its RFC 8785 form,
 // give or take whitespace around the top-level value, and returns that
 // value's bounds. For such input jcs.Transform would return b[start:end]
-// unchanged, so [FingerprintJSON] hashes it as it is and skips building a
+// unchanged, so [Sum] hashes it as it is and skips building a
 // tree, sorting and re-serializing: a request body sent by a client that
 // serializes canonically (sorted keys, no whitespace, shortest numbers),
 // and every retry of it, costs a validating scan.
@@ -22,7 +28,7 @@ import (
 // character, keys out of order or repeated, whitespace inside the value, a
 // number not written as the shortest ECMAScript form, nesting deeper than
 // maxCanonicalDepth, invalid JSON.
-func canonicalSpan(b []byte) (start, end int, ok bool) {
+func Span(b []byte) (start, end int, ok bool) {
 	start, end = 0, len(b)
 	for start < end && isJSONSpace(b[start]) {
 		start++
@@ -241,4 +247,81 @@ func (s *canonScanner) number() bool {
 	}
 	canon, err := jcs.NumberToJSON(f)
 	return err == nil && canon == string(lit)
+}
+
+// Sum returns the SHA-256 of raw's RFC 8785 form, or the error of the RFC
+// 8785 library for JSON it refuses.
+func Sum(raw []byte) ([sha256.Size]byte, error) {
+	if start, end, ok := Span(raw); ok {
+		// Already canonical: what jcs.Transform would return.
+		return sha256.Sum256(raw[start:end]), nil
+	}
+	canon, err := jcs.Transform(raw)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	return sha256.Sum256(canon), nil
+}
+
+// Prefix starts every fingerprint the helpers make.
+const Prefix = "sha256:"
+
+// Buf holds a fingerprint: Prefix and 64 hex digits.
+type Buf [len(Prefix) + 2*sha256.Size]byte
+
+// Format writes the fingerprint of sum into buf.
+func Format(buf *Buf, sum [sha256.Size]byte) {
+	copy(buf[:], Prefix)
+	hex.Encode(buf[len(Prefix):], sum[:])
+}
+
+// Hash returns the fingerprint of sum.
+func Hash(sum [sha256.Size]byte) string {
+	var buf Buf
+	Format(&buf, sum)
+	return string(buf[:])
+}
+
+// AppendLenPrefix appends n in decimal and a colon: the prefix that frames
+// a part of a storage key or of a fingerprint.
+func AppendLenPrefix(b []byte, n int) []byte {
+	b = strconv.AppendInt(b, int64(n), 10)
+	return append(b, ':')
+}
+
+// AppendParts appends each part to b, length-prefixed, so that ("ab", "c")
+// and ("a", "bc") differ.
+func AppendParts(b []byte, parts ...string) []byte {
+	for _, p := range parts {
+		b = AppendLenPrefix(b, len(p))
+		b = append(b, p...)
+	}
+	return b
+}
+
+// Parts returns the fingerprint of parts, framed by AppendParts: one
+// buffer, on the stack for the usual few short parts, and one hash over it.
+func Parts(parts ...string) string {
+	var stack [512]byte
+	return Hash(sha256.Sum256(AppendParts(stack[:0], parts...)))
+}
+
+// JSONRequest returns the fingerprint
+//
+//	Parts(method, path, query, "json", <fingerprint of body's RFC 8785 form>)
+//
+// with the inner fingerprint on the stack, and false when the RFC 8785
+// library refuses body.
+func JSONRequest(method, path, query string, body []byte) (string, bool) {
+	sum, err := Sum(body)
+	if err != nil {
+		return "", false
+	}
+	var inner Buf
+	Format(&inner, sum)
+	var stack [512]byte
+	b := AppendParts(stack[:0], method, path, query, "json")
+	b = AppendLenPrefix(b, len(inner))
+	b = append(b, inner[:]...)
+	return Hash(sha256.Sum256(b)), true
 }

@@ -2,7 +2,6 @@ package etcdtest_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/conformancetest"
@@ -23,5 +22,5 @@ func TestConformance36(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
-	}, conformancetest.Capabilities{LeaseResolution: time.Second, Watcher: true, MaxValueSize: maxValue})
+	}, conformancetest.Capabilities{})
 }

@@ -78,8 +78,8 @@ const (
 	DefaultMaxCheckpoints = 64
 	// DefaultMinLease is the minimum lease TTL of an etcd server with the
 	// default election settings (a 1s election timeout: 1.5 s, rounded up
-	// to whole seconds), reported by [Store.Limits] when the server cannot
-	// be asked.
+	// to whole seconds), reported by [Store.Capabilities] unless
+	// [Options.MinLease] says otherwise.
 	DefaultMinLease = 2 * time.Second
 )
 
@@ -97,8 +97,10 @@ type Options struct {
 	// most 120 with etcd's default --max-txn-ops of 128.
 	// Default: [DefaultMaxCheckpoints].
 	MaxCheckpoints int
-	// MinLease, when set, is what [Store.Limits] reports as the shortest
-	// lease, instead of asking the server.
+	// MinLease, when set, is the shortest lease the store reports in its
+	// Capabilities: the server's minimum lease TTL ([ServerMinLease]).
+	// Default: [DefaultMinLease], the minimum of a server with etcd's
+	// default election timeout.
 	MinLease time.Duration
 }
 
@@ -114,9 +116,8 @@ type Store struct {
 }
 
 var (
-	_ idempotency.Store        = (*Store)(nil)
-	_ idempotency.Watcher      = (*Store)(nil)
-	_ idempotency.LimitedStore = (*Store)(nil)
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Watcher = (*Store)(nil)
 )
 
 // New returns a store on client. It sends nothing to the server. A nil
@@ -160,28 +161,38 @@ func New(client Client, opts *Options) (*Store, error) {
 	}, nil
 }
 
-// limitsTimeout bounds the question Limits asks the server.
-const limitsTimeout = 5 * time.Second
+// Capabilities reports what the store does beyond the
+// [idempotency.Store] contract: it watches (etcd's watch API), its leases
+// are whole seconds of at least [Options.MinLease] (or [DefaultMinLease]),
+// and it keeps values up to [Options.MaxValueSize]. It asks the server
+// nothing: see [ServerMinLease] for a server whose minimum lease is not
+// the default.
+func (s *Store) Capabilities() idempotency.Capabilities {
+	minLease := s.minLease
+	if minLease == 0 {
+		minLease = max(DefaultMinLease, time.Duration(s.leases.raised.Load())*time.Second)
+	}
+	return idempotency.Capabilities{Watcher: s, Limits: idempotency.Limits{
+		MinLease: minLease, Resolution: time.Second, MaxValueSize: s.maxValue}}
+}
 
-// Limits implements [idempotency.LimitedStore]: the shortest lease is the
-// server's minimum lease TTL. etcd raises a shorter TTL to 1.5 election
-// timeouts, rounded up to whole seconds (2 s with the default 1 s election
-// timeout), so a shorter lease would last longer than asked. Unless
-// [Options.MinLease] is set, Limits asks the server, granting a lease of
-// one second and reading the TTL it got (then revoking it); if the server
-// cannot be asked within 5 s it reports [DefaultMinLease].
-func (s *Store) Limits() idempotency.Limits {
-	if s.minLease > 0 {
-		return idempotency.Limits{MinLease: s.minLease}
+// ServerMinLease asks the server behind client for its minimum lease TTL,
+// within ctx: it grants a lease of one second, reads the TTL it got and
+// revokes it. etcd raises a shorter TTL to 1.5 election timeouts, rounded
+// up to whole seconds (2 s with the default 1 s election timeout), so a
+// shorter lease would last longer than asked. Give the result to
+// [Options.MinLease] when the server's election timeout is not the
+// default.
+func ServerMinLease(ctx context.Context, client Client) (time.Duration, error) {
+	if client == nil || isNilPointer(client) {
+		return 0, fmt.Errorf("%w: etcd: nil client", idempotency.ErrInvalidArgument)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), limitsTimeout)
-	defer cancel()
-	resp, err := s.client.Grant(ctx, 1)
+	resp, err := client.Grant(ctx, 1)
 	if err != nil {
-		return idempotency.Limits{MinLease: max(DefaultMinLease, time.Duration(s.leases.raised.Load())*time.Second)}
+		return 0, fmt.Errorf("etcd: grant a lease to read the server's minimum TTL: %w", err)
 	}
-	_, _ = s.client.Revoke(ctx, resp.ID)
-	return idempotency.Limits{MinLease: time.Duration(max(resp.TTL, 1)) * time.Second}
+	_, _ = client.Revoke(ctx, resp.ID)
+	return time.Duration(max(resp.TTL, 1)) * time.Second, nil
 }
 
 // Key returns the etcd key of storageKey's record (its live marker and

@@ -50,17 +50,23 @@ func TestNewRejects(t *testing.T) {
 	}
 }
 
-// TestLimits checks that the store reports the server's minimum lease TTL:
-// 1s for the test server, whose election timeout is 500ms (the 3.6 test
-// checks 2s with etcd's defaults), and that idempotency.New applies it.
+// TestLimits checks that ServerMinLease reads the server's minimum lease
+// TTL: 1s for the test server, whose election timeout is 500ms (the 3.6
+// test checks 2s with etcd's defaults); that the store reports
+// DefaultMinLease without asking the server, or Options.MinLease; and that
+// idempotency.New applies it.
 func TestLimits(t *testing.T) {
-	s := newStore(t, newClient(t), nil)
-	if got := s.Limits().MinLease; got != time.Second {
-		t.Errorf("Limits().MinLease = %v, want 1s (the server's --election-timeout is 500ms)", got)
+	c := newClient(t)
+	if got, err := idemetcd.ServerMinLease(t.Context(), c); err != nil || got != time.Second {
+		t.Errorf("ServerMinLease = %v, %v; want 1s (the server's --election-timeout is 500ms)", got, err)
+	}
+	s := newStore(t, c, nil)
+	if got := s.Capabilities().Limits.MinLease; got != idemetcd.DefaultMinLease {
+		t.Errorf("Capabilities().Limits.MinLease = %v, want DefaultMinLease", got)
 	}
 	s = newStore(t, newClient(t), &idemetcd.Options{MinLease: 3 * time.Second})
-	if got := s.Limits().MinLease; got != 3*time.Second {
-		t.Errorf("Limits().MinLease with Options.MinLease 3s = %v", got)
+	if got := s.Capabilities().Limits.MinLease; got != 3*time.Second {
+		t.Errorf("Capabilities().Limits.MinLease with Options.MinLease 3s = %v", got)
 	}
 	if _, err := idempotency.New(s, idempotency.WithLease(2*time.Second)); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("idempotency.New with a 2s lease on a store whose minimum is 3s: %v, want ErrInvalidArgument", err)

@@ -210,6 +210,17 @@ var (
 	_ idempotency.Inspector = (*Store)(nil)
 )
 
+// Capabilities reports what the store does beyond the [idempotency.Store]
+// contract: it watches, sweeps and inspects, and keeps values up to
+// [Options.MaxValueSize].
+func (s *Store) Capabilities() idempotency.Capabilities {
+	c := idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s}
+	if s.maxValue >= 0 {
+		c.Limits.MaxValueSize = s.maxValue
+	}
+	return c
+}
+
 // Claim atomically decides what a request for r.Key may do, as
 // [idempotency.Store] documents. It returns an error wrapping
 // [idempotency.ErrInvalidArgument] for an empty key, a non-positive lease or
@@ -218,13 +229,8 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err := ctx.Err(); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	switch {
-	case r.Key == "":
-		return idempotency.ClaimResult{}, invalid("empty key")
-	case r.Lease <= 0:
-		return idempotency.ClaimResult{}, invalid("lease %v is not positive", r.Lease)
-	case r.Grace < 0:
-		return idempotency.ClaimResult{}, invalid("grace %v is negative", r.Grace)
+	if err := idempotency.ValidateClaim("memory", r); err != nil {
+		return idempotency.ClaimResult{}, err
 	}
 
 	h := s.hash(r.Key)

@@ -16,12 +16,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	caps := conformancetest.Capabilities{
-		Sweeper:      true,
-		Watcher:      true,
-		Inspector:    true,
-		MaxValueSize: memory.DefaultMaxValueSize,
-	}
+	var caps conformancetest.Capabilities
 	t.Run("controlled_clock", func(t *testing.T) {
 		caps := caps
 		caps.ControlledClock = true
@@ -45,9 +40,7 @@ func TestConformance(t *testing.T) {
 	})
 	t.Run("one_second_resolution", func(t *testing.T) {
 		// A store whose leases count in whole seconds, as etcd's do: the
-		// suite sizes its real-time cases from LeaseResolution.
-		caps := caps
-		caps.LeaseResolution = time.Second
+		// suite sizes its real-time cases from the Resolution it declares.
 		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
 			return secondStore{memory.New(nil)}
 		}, caps)
@@ -55,15 +48,20 @@ func TestConformance(t *testing.T) {
 	t.Run("small_limit", func(t *testing.T) {
 		caps := caps
 		caps.ControlledClock = true
-		caps.MaxValueSize = 1000
 		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
 			return memory.New(&memory.Options{Now: clock.Now, MaxValueSize: 1000})
 		}, caps)
 	})
 }
 
-// secondStore rounds every duration up to whole seconds.
+// secondStore rounds every duration up to whole seconds, and says so.
 type secondStore struct{ *memory.Store }
+
+func (s secondStore) Capabilities() idempotency.Capabilities {
+	c := s.Store.Capabilities()
+	c.Limits.Resolution = time.Second
+	return c
+}
 
 func ceilSecond(d time.Duration) time.Duration {
 	return (d + time.Second - 1).Truncate(time.Second)
@@ -318,7 +316,7 @@ func Example() {
 	// Output:
 	// acquired fence 1
 	// in_progress for 10s
-	// replay charged
+	// replayed charged
 	// acquired fence 2
 }
 

@@ -110,6 +110,15 @@ var (
 	_ idempotency.Watcher = (*Store)(nil)
 )
 
+// Capabilities reports what the store does beyond the [idempotency.Store]
+// contract: it sweeps, watches through change streams (on a replica set or
+// a sharded cluster; a standalone server's Watch reports that it cannot,
+// and callers poll), and keeps values up to [Options.MaxValueSize].
+func (s *Store) Capabilities() idempotency.Capabilities {
+	return idempotency.Capabilities{Watcher: s, Sweeper: s,
+		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
+}
+
 // New returns a store on coll, which it never closes or drops. opts may
 // be nil. New sends nothing: the first operation (or [Store.Setup], to
 // fail early) checks the server and creates the TTL index. It returns an

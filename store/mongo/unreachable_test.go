@@ -7,9 +7,10 @@ package mongo_test
 import (
 	"context"
 	"errors"
-	"github.com/exactlyonce/idempotency/internal/nettest"
 	"testing"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/nettest"
 
 	"github.com/exactlyonce/idempotency"
 	idemmongo "github.com/exactlyonce/idempotency/store/mongo"

@@ -50,12 +50,7 @@ func TestConformance(t *testing.T) {
 				}
 				m.pin(s)
 				return s
-			}, conformancetest.Capabilities{
-				Sweeper:         true,
-				Inspector:       true,
-				MaxValueSize:    testMaxValueSize,
-				LeaseResolution: 0, // microseconds: finer than the suite's default milliseconds
-			})
+			}, conformancetest.Capabilities{})
 		})
 	}
 }
@@ -79,12 +74,7 @@ func TestConformanceNotify(t *testing.T) {
 				m.pin(s)
 				t.Cleanup(func() { _ = s.Close() })
 				return s
-			}, conformancetest.Capabilities{
-				Sweeper:      true,
-				Watcher:      true,
-				Inspector:    true,
-				MaxValueSize: testMaxValueSize,
-			})
+			}, conformancetest.Capabilities{})
 		})
 	}
 }

@@ -58,7 +58,7 @@ type TxExecutorOptions struct {
 // Beginning and committing are bounded by the runner's store timeout
 // ([idempotency.WithStoreTimeout]), so a database that stops answering
 // fails the call instead of hanging it; fn's own statements are bounded
-// by fn. [idempotency.Step] is not available in transactional mode (see
+// by fn. [idempotency.Step] runs its step without recording it (see
 // [DoTx]). Effects outside the database (a call to a payment gateway) are
 // not rolled back: give them a downstream key ([idempotency.DownstreamKey]).
 type TxExecutor struct {
@@ -71,8 +71,8 @@ var _ idempotency.Executor = (*TxExecutor)(nil)
 
 // NewTxExecutor returns an executor that begins its transactions on db (a
 // *pgxpool.Pool or a *pgx.Conn; never closed) and runs [DoTx] with r,
-// which must be a Runner on a [*Store] (or on a wrapper of one with a method
-// Unwrap() idempotency.Store, as for [DoTx]). It returns an error wrapping
+// which must be a Runner on a [*Store] (or on a wrapper of one, as for
+// [DoTx]). It returns an error wrapping
 // [idempotency.ErrInvalidArgument] for a nil db or runner, a runner on
 // another store, or invalid options.
 func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions) (*TxExecutor, error) {
@@ -85,8 +85,8 @@ func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions
 	case r == nil:
 		return nil, invalid("nil runner")
 	}
-	if _, ok := unwrapStore(r.Store()); !ok {
-		return nil, invalid("TxExecutor needs a Runner on a *postgres.Store, not %T", r.Store())
+	if _, _, err := bindTx(context.Background(), r, nil); err != nil {
+		return nil, err
 	}
 	e := &TxExecutor{db: db, runner: r}
 	if opts != nil {
@@ -99,15 +99,6 @@ func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions
 		e.opts.MaxAttempts = DefaultTxAttempts
 	}
 	return e, nil
-}
-
-type txKey struct{}
-
-// TxFromContext returns the transaction a [TxExecutor] runs fn in, from
-// fn's context (for an HTTP handler, the request's context).
-func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
 }
 
 // Execute runs fn at most once for req in a transaction of its own, as
@@ -133,47 +124,46 @@ func (e *TxExecutor) Execute(ctx context.Context, req idempotency.Request, fn fu
 	}
 }
 
-// once runs one transaction.
+// once runs one transaction: the completion commits it, inside Do, so
+// that a failed commit is seen as the completion's failure by Do and its
+// observers.
 func (e *TxExecutor) once(ctx context.Context, req idempotency.Request, fn func(ctx context.Context) ([]byte, error)) (res idempotency.Result[[]byte], err error) {
 	timeout := e.runner.StoreTimeout()
 	bctx, cancel := context.WithTimeout(ctx, timeout)
 	tx, err := e.db.BeginTx(bctx, e.opts.TxOptions)
 	cancel()
 	if err != nil {
+		res.Outcome = idempotency.OutcomeStoreError
 		return res, &idempotency.StoreError{Op: "begin", Err: wrapErr(bctx, "begin", err)}
 	}
-	committed := false
+	tctx, bound, err := bindTx(ctx, e.runner, tx)
+	if err != nil {
+		return res, err
+	}
+	bound.commit = true
 	defer func() {
 		// Also when fn panicked: the panic goes on after the rollback.
-		if !committed {
+		if !bound.committed {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 			_ = tx.Rollback(rctx)
 			cancel()
 		}
 	}()
-	res, recorded, err := doTx(context.WithValue(ctx, txKey{}, tx), e.runner, tx, req,
-		func(ctx context.Context, _ pgx.Tx) ([]byte, error) { return fn(ctx) })
-	if !recorded {
-		// Nothing to commit: a replay, a conflict, or fn's transient error
-		// (its writes are undone). A store error after fn ran is rolled
-		// back with fn's writes.
+	res, err = idempotency.Do(tctx, e.runner, req, fn)
+	if res.Outcome == idempotency.OutcomeStoreError && res.Ran {
+		// fn's writes were rolled back with the key (or, if the reply of a
+		// commit was lost after it, committed: then a retry replays), so a
+		// retry repeats nothing that happened.
+		res.Ran = false
+		res.Value = nil
 		var se *idempotency.StoreError
 		if errors.As(err, &se) && se.Ran {
-			return res, &idempotency.StoreError{Op: se.Op, Err: se.Err}
+			op := se.Op
+			if pe := (*storeError)(nil); errors.As(se.Err, &pe) && pe.op == "commit" {
+				op = "commit" // the completion's commit, not its statement
+			}
+			err = &idempotency.StoreError{Op: op, Err: se.Err}
 		}
-		return res, err
-	}
-	// The commit must happen even if the caller has gone: fn's effects and
-	// its result are in the transaction.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	cerr := tx.Commit(cctx)
-	cancel()
-	committed = true
-	if cerr != nil {
-		cerr = wrapErr(cctx, "commit", cerr)
-		key, _ := e.runner.StorageKey(req)
-		e.runner.Observe(ctx, idempotency.Event{Kind: idempotency.EventStoreError, Key: key, Scope: req.Scope, Fence: res.Fence, Attempt: res.Attempt, Err: cerr})
-		return idempotency.Result[[]byte]{}, &idempotency.StoreError{Op: "commit", Err: cerr}
 	}
 	return res, err
 }

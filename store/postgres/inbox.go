@@ -17,22 +17,27 @@ import (
 // the effect and the acknowledgement leaves nothing half done: the
 // redelivery finds the event recorded, or nothing at all.
 //
-// in's runner must be a Runner on a [*Store]. It reports what [DoTx]
-// reports (see [inbox.Decide] for what to tell the broker); a concurrent
+// in's runner must be a Runner on a [*Store]. It reports the delivery as
+// [inbox.Inbox.Handle] does (its Disposition says what to tell the broker)
+// and the error of [DoTx]; a concurrent
 // delivery of the same event waits for this transaction and then finds
 // the event processed, or, with [Options.TxLockWait], gives up with an
 // [*idempotency.InProgressError]. Commit tx when the error is nil or
 // permanent (so that a poison message is recorded as such), and roll it
 // back otherwise.
-func InboxTx(ctx context.Context, in *inbox.Inbox, tx pgx.Tx, msg inbox.Message, handle func(ctx context.Context, tx pgx.Tx) error) (duplicate bool, err error) {
+func InboxTx(ctx context.Context, in *inbox.Inbox, tx pgx.Tx, msg inbox.Message, handle func(ctx context.Context, tx pgx.Tx) error) (inbox.Delivery, error) {
+	var err error
 	switch {
 	case in == nil:
-		return false, fmt.Errorf("%w: postgres: nil inbox", idempotency.ErrInvalidArgument)
+		err = fmt.Errorf("%w: postgres: nil inbox", idempotency.ErrInvalidArgument)
 	case handle == nil:
-		return false, fmt.Errorf("%w: postgres: nil handler", idempotency.ErrInvalidArgument)
+		err = fmt.Errorf("%w: postgres: nil handler", idempotency.ErrInvalidArgument)
+	}
+	if err != nil {
+		return inbox.DeliveryOf(idempotency.OutcomeUnknown, err), err
 	}
 	res, err := DoTx(ctx, in.Runner(), tx, in.Request(msg), func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 		return struct{}{}, handle(ctx, tx)
 	})
-	return res.Replayed, err
+	return inbox.DeliveryOf(res.Outcome, err), err
 }

@@ -22,9 +22,12 @@ func TestInboxTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deliver := func(msg inbox.Message, fail bool) error {
-		return postgres.RunInTx(t.Context(), e.pool, pgx.TxOptions{}, 3, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := postgres.InboxTx(ctx, in, tx, msg, func(ctx context.Context, tx pgx.Tx) error {
+	// deliver delivers msg in a transaction of its own, and reports the
+	// delivery and the error of its last attempt.
+	deliver := func(msg inbox.Message, fail bool) (inbox.Delivery, error) {
+		var last inbox.Delivery
+		err := postgres.RunInTx(t.Context(), e.pool, pgx.TxOptions{}, 3, func(ctx context.Context, tx pgx.Tx) error {
+			d, err := postgres.InboxTx(ctx, in, tx, msg, func(ctx context.Context, tx pgx.Tx) error {
 				if _, err := e.insertEffect(msg.ID)(ctx, tx); err != nil {
 					return err
 				}
@@ -33,22 +36,24 @@ func TestInboxTx(t *testing.T) {
 				}
 				return nil
 			})
+			last = d
 			return err
 		})
+		return last, err
 	}
 	msg := inbox.Message{Source: "payments", ID: "evt-1", Payload: []byte(`{"credit":1}`)}
 	var wg sync.WaitGroup
 	for range 10 {
 		wg.Go(func() {
-			if err := deliver(msg, false); err != nil {
+			if _, err := deliver(msg, false); err != nil {
 				t.Errorf("concurrent delivery: %v", err)
 			}
 		})
 	}
 	wg.Wait()
 	for range 10 {
-		if err := deliver(msg, false); err != nil {
-			t.Fatalf("sequential delivery: %v", err)
+		if d, err := deliver(msg, false); err != nil || !d.Duplicate || d.Disposition != inbox.Ack {
+			t.Fatalf("sequential delivery: %+v, %v; want a duplicate to ack", d, err)
 		}
 	}
 	if n := e.effectRows(t, "evt-1"); n != 1 {
@@ -56,14 +61,14 @@ func TestInboxTx(t *testing.T) {
 	}
 
 	bad := inbox.Message{Source: "payments", ID: "evt-2"}
-	if err := deliver(bad, true); err == nil || inbox.Decide(err) != inbox.Retry {
-		t.Fatalf("failing delivery: %v; want a transient error", err)
+	if d, err := deliver(bad, true); err == nil || d.Disposition != inbox.Retry || d.Outcome != idempotency.OutcomeReleased {
+		t.Fatalf("failing delivery: %+v, %v; want a transient error, released, to retry", d, err)
 	}
 	sk, _ := idempotency.StorageKey(in.Request(bad).Scope, bad.ID)
 	if rows, keys := e.effectRows(t, "evt-2"), e.count(t, "SELECT count(*) FROM "+e.table+" WHERE key = $1", sk); rows != 0 || keys != 0 {
 		t.Fatalf("after the failed delivery: %d rows, %d inbox records; want none", rows, keys)
 	}
-	if err := deliver(bad, false); err != nil {
+	if _, err := deliver(bad, false); err != nil {
 		t.Fatalf("redelivery: %v", err)
 	}
 	if n := e.effectRows(t, "evt-2"); n != 1 {

@@ -119,10 +119,25 @@ type Store struct {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Sweeper = (*Store)(nil)
-	_ idempotency.Watcher = (*Store)(nil)
+	_ idempotency.Store         = (*Store)(nil)
+	_ idempotency.Sweeper       = (*Store)(nil)
+	_ idempotency.Watcher       = (*Store)(nil)
+	_ idempotency.Inspector     = (*Store)(nil)
+	_ idempotency.Transactional = (*Store)(nil)
 )
+
+// Capabilities reports what the store does beyond the [idempotency.Store]
+// contract: it sweeps, inspects and runs in a caller's transaction
+// ([DoTx]); it watches with [Options.Notify]; it keeps values up to
+// [Options.MaxValueSize].
+func (s *Store) Capabilities() idempotency.Capabilities {
+	c := idempotency.Capabilities{Inspector: s, Sweeper: s, Transactional: s,
+		Limits: idempotency.Limits{MaxValueSize: s.opts.MaxValueSize}}
+	if s.notify {
+		c.Watcher = s
+	}
+	return c
+}
 
 // ErrRetryable matches errors caused by a serialization failure (SQLSTATE
 // 40001) or a deadlock (40P01): the transaction they happened in is lost,

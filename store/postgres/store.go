@@ -23,25 +23,19 @@ const claimRetries = 8
 // Claim decides atomically whether the request may run: see
 // [idempotency.Store.Claim]. Each statement it runs decides alone (see
 // claimInsertSQL); a fresh key or a replay takes one.
+//
+// In a transaction bound to ctx ([DoTx], a [TxExecutor]), the claim runs
+// in tx inside a savepoint, and holds the key's row lock until tx ends; a
+// lock wait longer than [Options.TxLockWait] answers
+// [idempotency.OutcomeInProgress].
 func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	if err := checkClaim(r); err != nil {
+	if err := idempotency.ValidateClaim("postgres", r); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	return s.claim(ctx, s.db, r)
-}
-
-func checkClaim(r idempotency.ClaimRequest) error {
-	switch {
-	case r.Key == "":
-		return fmt.Errorf("%w: postgres: empty key", idempotency.ErrInvalidArgument)
-	case r.Token == "":
-		return fmt.Errorf("%w: postgres: empty token", idempotency.ErrInvalidArgument)
-	case r.Lease <= 0:
-		return fmt.Errorf("%w: postgres: lease must be positive, got %v", idempotency.ErrInvalidArgument, r.Lease)
-	case r.Grace < 0:
-		return fmt.Errorf("%w: postgres: grace must not be negative, got %v", idempotency.ErrInvalidArgument, r.Grace)
+	if b := s.txOf(ctx); b != nil {
+		return s.claimTx(ctx, b.tx, r)
 	}
-	return nil
+	return s.claim(ctx, s.db, r)
 }
 
 func (s *Store) claim(ctx context.Context, db DB, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
@@ -298,7 +292,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	if lease <= 0 {
 		return fmt.Errorf("%w: postgres: lease must be positive, got %v", idempotency.ErrInvalidArgument, lease)
 	}
-	tag, err := s.db.Exec(ctx, s.sql.renew, key, string(token), micros(lease))
+	tag, err := s.dbFor(ctx).Exec(ctx, s.sql.renew, key, string(token), micros(lease))
 	if err != nil {
 		return wrapErr(ctx, "renew", err)
 	}
@@ -315,7 +309,7 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 	if len(value) > s.opts.MaxValueSize {
 		return s.tooLarge("checkpoint", len(value))
 	}
-	tag, err := s.db.Exec(ctx, s.sql.checkpoint, key, string(token), name, nonNil(value))
+	tag, err := s.dbFor(ctx).Exec(ctx, s.sql.checkpoint, key, string(token), name, nonNil(value))
 	if err != nil {
 		return wrapErr(ctx, "checkpoint", err)
 	}
@@ -336,6 +330,9 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	}
 	if retention <= 0 {
 		return fmt.Errorf("%w: postgres: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
+	}
+	if b := s.txOf(ctx); b != nil {
+		return s.completeTx(ctx, b, key, token, result, retention)
 	}
 	args := []any{key, string(token), nonNil(result), micros(retention)}
 	if s.notify {
@@ -363,7 +360,14 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 // [idempotency.Store.Release]. With [Options.Notify], the statement that
 // deletes the record also notifies its waiters (at commit, when the
 // store's DB is a pgx.Tx).
+//
+// In a transaction bound to ctx, Release rolls back to the claim's
+// savepoint: the claim and the writes made since vanish, and tx stays
+// usable.
 func (s *Store) Release(ctx context.Context, key string, token idempotency.Token) error {
+	if b := s.txOf(ctx); b != nil {
+		return undoClaim(ctx, b.tx)
+	}
 	args := []any{key, string(token)}
 	if s.notify {
 		args = append(args, keyHash(key))

@@ -3,12 +3,13 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"github.com/exactlyonce/idempotency/internal/nettest"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/nettest"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/store/postgres"

@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -31,16 +29,27 @@ const (
 // connection dies first: a later call then runs fn again, once. So writes
 // fn makes through tx happen exactly once.
 //
-// r must be a Runner on a *Store, or on a wrapper of one whose method
-// Unwrap() idempotency.Store returns it (its table is used); r supplies the key
-// validation, codec and error policy, the Store's Options the lock wait
-// and retention. A concurrent duplicate in another transaction blocks on
-// the key's row lock until the first transaction ends, then replays its
-// result (Result.Replayed) or, if it rolled back, runs fn itself; with
+// DoTx is [idempotency.Do] itself, with ctx bound to tx for r's store: the
+// same loop, the same events, call observers and store-call spans, the
+// same Result (its Outcome and Ran). The store, an [idempotency.Transactional]
+// store, runs its statements in tx, and Do follows the rules of a call in a
+// transaction (see idempotency.Transactional): no lease renewal, as the
+// claim holds the key's row lock until tx ends; one attempt per statement;
+// no recovery points.
+//
+// r must be a Runner on a *Store, or on a wrapper of one that keeps its
+// capabilities and unwraps to it (idempotency.StoreAs); r supplies the key
+// validation, codec, error policy and retention, the Store's Options the
+// lock wait. A concurrent duplicate in another transaction blocks on the
+// key's row lock until the first transaction ends, then replays its result
+// (Result.Replayed) or, if it rolled back, runs fn itself; with
 // Options.TxLockWait set it gives up after that long with an
-// [*idempotency.InProgressError]. The lock wait is scoped to a savepoint,
-// so giving up does not abort tx. A key held by a live lease of
-// [idempotency.Do] (outside a transaction) also gives an InProgressError.
+// [*idempotency.InProgressError] (Outcome OutcomeInProgress). The lock
+// wait is scoped to a savepoint, so giving up does not abort tx. A key
+// held by a live lease of Do (outside a transaction) also gives an
+// InProgressError. A call in a transaction never waits for another holder
+// ([idempotency.WithWait]): waiting would hold the transaction's
+// connection.
 //
 // What fn returns:
 //   - success: the value is recorded and returned;
@@ -54,131 +63,112 @@ const (
 //   - a panic: the claim and fn's writes are rolled back and the panic
 //     goes on.
 //
-// fn's context carries the lease as [idempotency.Do] gives it to fn: the
-// client key, the storage key, the fence and the attempt, so
-// [idempotency.FromContext] and [idempotency.DownstreamKey] work inside fn
-// (the downstream key is the same in every attempt of the request, also
-// after a rollback). [idempotency.Step] is not supported in transactional
-// mode and returns an error wrapping [idempotency.ErrInvalidArgument]
-// without running its step: the transaction itself is the recovery point,
-// as fn's writes commit together with the result or not at all, so there
-// is no partial progress to resume.
+// fn's context carries the lease as Do gives it to fn: [idempotency.FromContext]
+// and [idempotency.DownstreamKey] work inside fn (the downstream key is the
+// same in every attempt of the request, also after a rollback), and
+// [idempotency.Step] runs its step and records nothing, since the
+// transaction itself is the recovery point: fn's writes commit together
+// with the result or not at all. [TxFromContext] returns tx. A call of Do
+// with fn's context on a runner of the same Store joins tx too.
 //
 // Serialization failures and deadlocks (SQLSTATE 40001, 40P01), which
 // lose the whole transaction, give an error matching [ErrRetryable]: run
 // the transaction again from the start, as [RunInTx] does. Other database
-// errors are [*idempotency.StoreError] values wrapping pgx's error.
+// errors are [*idempotency.StoreError] values wrapping pgx's error; after
+// one, roll tx back.
 //
-// In tx mode, DoTx needs two round trips on top of fn's: one to claim, one
-// to record (or, for a replay, to release the savepoint).
+// DoTx needs two round trips on top of fn's: one to claim, one to record
+// (or, for a replay, to release the savepoint).
 func DoTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idempotency.Request, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (idempotency.Result[T], error) {
-	res, _, err := doTx(ctx, r, tx, req, fn)
-	return res, err
-}
-
-// doTx is DoTx; recorded reports that fn ran and its outcome (a value or
-// a permanent error) was recorded in tx, which must then be committed for
-// the outcome to last.
-func doTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idempotency.Request, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (res idempotency.Result[T], recorded bool, err error) {
 	switch {
 	case r == nil:
-		return res, false, fmt.Errorf("%w: postgres: nil runner", idempotency.ErrInvalidArgument)
+		return idempotency.Result[T]{}, fmt.Errorf("%w: postgres: DoTx: nil runner", idempotency.ErrInvalidArgument)
 	case tx == nil:
-		return res, false, fmt.Errorf("%w: postgres: nil transaction", idempotency.ErrInvalidArgument)
+		return idempotency.Result[T]{}, fmt.Errorf("%w: postgres: DoTx: nil transaction", idempotency.ErrInvalidArgument)
 	case fn == nil:
-		return res, false, fmt.Errorf("%w: postgres: nil fn", idempotency.ErrInvalidArgument)
+		return idempotency.Result[T]{}, fmt.Errorf("%w: postgres: DoTx: nil fn", idempotency.ErrInvalidArgument)
 	}
-	s, ok := unwrapStore(r.Store())
+	ctx, _, err := bindTx(ctx, r, tx)
+	if err != nil {
+		return idempotency.Result[T]{}, err
+	}
+	return idempotency.Do(ctx, r, req, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
+}
+
+// bindTx returns ctx bound to tx for the *Store under r's store, after
+// checking that the runner's store passes the transactional mode on: a
+// wrapper that did not would let Do run heartbeats on tx, concurrently with
+// fn.
+func bindTx(ctx context.Context, r *idempotency.Runner, tx pgx.Tx) (context.Context, *txBinding, error) {
+	s, ok := idempotency.StoreAs[*Store](r.Store())
 	if !ok {
-		return res, false, fmt.Errorf("%w: postgres: DoTx needs a Runner on a *postgres.Store, not %T", idempotency.ErrInvalidArgument, r.Store())
+		return nil, nil, fmt.Errorf("%w: postgres: the transactional mode needs a Runner on a *postgres.Store, not %T", idempotency.ErrInvalidArgument, r.Store())
 	}
-	key, err := r.StorageKey(req)
-	if err != nil {
-		r.Observe(ctx, idempotency.Event{Kind: idempotency.EventInvalidKey, Scope: req.Scope, Err: err})
-		return res, false, err
+	b := &txBinding{store: s, tx: tx}
+	ctx = context.WithValue(ctx, txKey{}, b)
+	if t := idempotency.CapabilitiesOf(r.Store()).Transactional; t == nil || !t.InTx(ctx) {
+		return nil, nil, fmt.Errorf("%w: postgres: the runner's store (%T) does not pass on the Transactional capability of the *postgres.Store it wraps", idempotency.ErrInvalidArgument, r.Store())
 	}
-	cr := idempotency.ClaimRequest{
-		Key:         key,
-		Fingerprint: req.Fingerprint,
-		Token:       newToken(),
-		// Nobody sees the row before tx commits, and then it is COMPLETED,
-		// so the lease only matters if the caller commits a claim DoTx
-		// did not finish (it never does).
-		Lease: r.Lease(),
-	}
-	out, err := s.claimTx(ctx, tx, cr)
-	if err != nil {
-		return res, false, err
-	}
-	res.Fence, res.Attempt = out.Fence, out.Attempt
-	if out.Outcome != idempotency.OutcomeAcquired {
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+savepointClaim); err != nil {
-			return res, false, &idempotency.StoreError{Op: "claim", Err: wrapErr(ctx, "release savepoint", err)}
-		}
-	}
-	ev := idempotency.Event{Key: key, Scope: req.Scope, Fence: out.Fence, Attempt: out.Attempt}
-	observe := func(kind idempotency.EventKind, err error) {
-		ev.Kind, ev.Err = kind, err
-		r.Observe(ctx, ev)
-	}
-	switch out.Outcome {
-	case idempotency.OutcomeReplay:
-		res.Replayed = true
-		res.Value, err = idempotency.DecodeOutcome[T](r, out.Result)
-		observe(idempotency.EventReplayed, err) // as Do: the replayed error, if any
-		return res, false, err
-	case idempotency.OutcomeMismatch:
-		observe(idempotency.EventMismatch, nil)
-		return res, false, idempotency.ErrMismatch
-	case idempotency.OutcomeInProgress:
-		observe(idempotency.EventInProgress, nil)
-		return res, false, &idempotency.InProgressError{RetryAfter: out.RetryAfter}
-	}
-	observe(idempotency.EventAcquired, nil)
+	return ctx, b, nil
+}
 
-	// Acquired: run fn. Cleanup statements run even when ctx is canceled
-	// (tx is still the caller's to commit or roll back).
-	cleanup := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	}
-	panicked := true
-	defer func() {
-		if panicked {
-			cctx, cancel := cleanup()
-			defer cancel()
-			_ = undoClaim(cctx, tx)
-		}
-	}()
-	fctx := idempotency.NewContext(ctx, idempotency.Info{Key: req.Key, StorageKey: key, Fence: out.Fence, Attempt: out.Attempt})
-	v, fnErr := fn(fctx, tx)
-	panicked = false
+// txBinding is a transaction bound to a context for one store.
+type txBinding struct {
+	store *Store
+	tx    pgx.Tx
+	// discard: Discard was called, so the next Complete rolls fn's writes
+	// back first, in the same batch.
+	discard bool
+	// commit: Complete also commits tx (a TxExecutor's, which owns it), so
+	// that a failed commit is the completion's failure, seen by Do and its
+	// observers; committed says it did.
+	commit, committed bool
+}
 
-	stored, keep, _ := idempotency.EncodeOutcome(r, v, fnErr)
-	if !keep {
-		cctx, cancel := cleanup()
-		defer cancel()
-		if err := undoClaim(cctx, tx); err != nil {
-			observe(idempotency.EventStoreError, err)
-			return res, false, fmt.Errorf("%w (and undoing the claim failed, so roll the transaction back: %w)", fnErr, err)
-		}
-		observe(idempotency.EventReleased, fnErr)
-		return res, false, fnErr
+type txKey struct{}
+
+// txOf returns the transaction ctx is bound to for s, or nil.
+func (s *Store) txOf(ctx context.Context) *txBinding {
+	b, _ := ctx.Value(txKey{}).(*txBinding)
+	if b == nil || b.store != s {
+		return nil
 	}
-	if fnErr == nil && len(stored) > s.opts.MaxValueSize {
-		// The runner's limit is larger than the store's: as Do does, keep
-		// a marker so a retry fails clearly instead of running fn again.
-		stored = idempotency.NotStoredMarker()
+	return b
+}
+
+// dbFor returns the transaction ctx is bound to for s, or s's DB.
+func (s *Store) dbFor(ctx context.Context) DB {
+	if b := s.txOf(ctx); b != nil {
+		return b.tx
 	}
-	if err := s.completeTx(ctx, tx, key, cr.Token, stored, r.Retention(), fnErr != nil); err != nil {
-		observe(idempotency.EventStoreError, err)
-		return res, false, &idempotency.StoreError{Op: "complete", Ran: true, Err: err}
+	return s.db
+}
+
+// TxFromContext returns the transaction a call runs in ([DoTx], a
+// [TxExecutor]), from fn's context (for an HTTP handler, the request's
+// context).
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	b, _ := ctx.Value(txKey{}).(*txBinding)
+	if b == nil {
+		return nil, false
 	}
-	observe(idempotency.EventCompleted, nil)
-	if fnErr != nil {
-		return res, true, fnErr
+	return b.tx, true
+}
+
+// InTx implements [idempotency.Transactional]: it reports whether ctx is
+// bound to a transaction for s ([DoTx], a [TxExecutor]).
+func (s *Store) InTx(ctx context.Context) bool { return s.txOf(ctx) != nil }
+
+// Discard implements [idempotency.Transactional]: the next Complete in
+// ctx's transaction first rolls back the writes fn made since the claim
+// (to the savepoint the claim set after itself), in the same round trip.
+func (s *Store) Discard(ctx context.Context, key string, token idempotency.Token) error {
+	b := s.txOf(ctx)
+	if b == nil {
+		return fmt.Errorf("%w: postgres: Discard outside a transaction", idempotency.ErrInvalidArgument)
 	}
-	res.Value = v
-	return res, true, nil
+	b.discard = true
+	return nil
 }
 
 // claimTx runs the claim inside a savepoint of tx, under Options.TxLockWait
@@ -187,6 +177,26 @@ func doTx[T any](ctx context.Context, r *idempotency.Runner, tx pgx.Tx, req idem
 // first, so tx stays usable unless the error lost it (40001, 40P01, a
 // broken connection).
 func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	res, err := s.claimTxOnce(ctx, tx, cr)
+	if err != nil || res.Outcome == idempotency.OutcomeAcquired || res.RetryAfter == lockWaited {
+		return res, err
+	}
+	// Not the caller's to run: the savepoints are not needed.
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+savepointClaim); err != nil {
+		return idempotency.ClaimResult{}, wrapErr(ctx, "claim: release savepoint", err)
+	}
+	return res, nil
+}
+
+// lockWaited marks the in-progress answer of a claim that gave up waiting
+// for a lock, whose savepoints claimTxOnce has rolled back already. The
+// time left on the other transaction is unknown: a retry after a second
+// mostly finds it ended.
+const lockWaited = time.Second + 1
+
+// claimTxOnce runs the claim in its savepoints, which it leaves set but
+// after a lock wait given up.
+func (s *Store) claimTxOnce(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	wait := s.opts.TxLockWait > 0
 	for i := range claimRetries {
 		b := &pgx.Batch{}
@@ -231,13 +241,14 @@ func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequ
 			cancel()
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && pe.Code == "55P03" && uerr == nil {
-				// lock_timeout: another transaction holds the key.
-				return res, &idempotency.InProgressError{RetryAfter: s.opts.TxLockWait}
+				// lock_timeout: another transaction holds the key. The
+				// savepoint is gone already.
+				return idempotency.ClaimResult{Outcome: idempotency.OutcomeInProgress, RetryAfter: lockWaited}, nil
 			}
 			if _, wrapped := err.(*storeError); !wrapped {
 				err = wrapErr(ctx, "claim", err)
 			}
-			return res, &idempotency.StoreError{Op: "claim", Err: err}
+			return res, err
 		}
 		if ok {
 			return res, nil
@@ -245,19 +256,21 @@ func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequ
 		// The row was committed after the statement's snapshot: run the
 		// claim again (a new statement sees it), inside the same savepoint.
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+savepointFn); err != nil {
-			return res, &idempotency.StoreError{Op: "claim", Err: wrapErr(ctx, "claim", err)}
+			return res, wrapErr(ctx, "claim", err)
 		}
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = undoClaim(cctx, tx)
-	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Err: fmt.Errorf("postgres: claim: the row of key %q kept changing under the statement %d times; try again", cr.Key, claimRetries)}
+	return idempotency.ClaimResult{}, fmt.Errorf("postgres: claim: the row of key %q kept changing under the statement %d times; try again", cr.Key, claimRetries)
 }
 
 // completeTx records stored in the row claimed in tx and releases the
-// savepoints. For a permanent error (undoFn), fn's writes are rolled back
-// first.
-func (s *Store) completeTx(ctx context.Context, tx pgx.Tx, key string, token idempotency.Token, stored []byte, retention time.Duration, undoFn bool) error {
+// savepoints. After Discard (a permanent error), fn's writes are rolled
+// back first.
+func (s *Store) completeTx(ctx context.Context, bound *txBinding, key string, token idempotency.Token, stored []byte, retention time.Duration) error {
+	tx, undoFn := bound.tx, bound.discard
+	bound.discard = false
 	b := &pgx.Batch{}
 	if undoFn {
 		b.Queue("ROLLBACK TO SAVEPOINT " + savepointFn)
@@ -281,6 +294,13 @@ func (s *Store) completeTx(ctx context.Context, tx pgx.Tx, key string, token ide
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && bound.commit {
+		if err = tx.Commit(ctx); err != nil {
+			err = wrapErr(ctx, "commit", err)
+		} else {
+			bound.committed = true
+		}
 	}
 	if err != nil {
 		if _, wrapped := err.(*storeError); !wrapped {
@@ -363,32 +383,4 @@ func runTxOnce(ctx context.Context, db TxBeginner, opts pgx.TxOptions, fn func(c
 		return wrapErr(ctx, "commit", err)
 	}
 	return nil
-}
-
-// newToken returns 128 random bits as 32 hex digits, like the tokens of
-// idempotency.Do.
-func newToken() idempotency.Token {
-	var b [16]byte
-	crand.Read(b[:]) // never fails (Go 1.24+)
-	return idempotency.Token(hex.EncodeToString(b[:]))
-}
-
-// unwrapStore finds the *Store under s: s itself, or the store a wrapper
-// (an instrumenting one such as otelidem's) returns from its method
-// Unwrap() idempotency.Store, through up to 8 wrappers. Transactional
-// mode calls the *Store directly, inside the caller's transaction, so a
-// wrapper sees none of those calls; the runner's observer still gets
-// every event.
-func unwrapStore(s idempotency.Store) (*Store, bool) {
-	for range 8 {
-		switch v := s.(type) {
-		case *Store:
-			return v, v != nil
-		case interface{ Unwrap() idempotency.Store }:
-			s = v.Unwrap()
-		default:
-			return nil, false
-		}
-	}
-	return nil, false
 }

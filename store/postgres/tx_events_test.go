@@ -13,7 +13,7 @@ import (
 
 // TestTxEvents: DoTx reports its outcomes as Do does, so an observer
 // (such as otelidem's) classifies them alike: a refused key is
-// EventInvalidKey, and a replay carries the error it replays.
+// OutcomeInvalidKey, and a replay carries the error it replays.
 func TestTxEvents(t *testing.T) {
 	e := newTxEnv(t, nil)
 	var mu sync.Mutex
@@ -53,11 +53,11 @@ func TestTxEvents(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	var kinds []idempotency.EventKind
+	var kinds []idempotency.Outcome
 	for _, ev := range events {
-		kinds = append(kinds, ev.Kind)
+		kinds = append(kinds, ev.Outcome)
 	}
-	want := []idempotency.EventKind{idempotency.EventAcquired, idempotency.EventCompleted, idempotency.EventReplayed, idempotency.EventInvalidKey}
+	want := []idempotency.Outcome{idempotency.OutcomeAcquired, idempotency.OutcomeCompleted, idempotency.OutcomeReplay, idempotency.OutcomeInvalidKey}
 	if len(kinds) != len(want) {
 		t.Fatalf("events %v, want %v", kinds, want)
 	}

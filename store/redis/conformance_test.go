@@ -13,7 +13,7 @@ import (
 const maxValue = 64 << 10
 
 func conformanceCaps() conformancetest.Capabilities {
-	return conformancetest.Capabilities{Watcher: true, Inspector: true, MaxValueSize: maxValue}
+	return conformancetest.Capabilities{}
 }
 
 func TestConformanceSingle(t *testing.T) {

@@ -157,9 +157,19 @@ type Store struct {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Watcher = (*Store)(nil)
+	_ idempotency.Store     = (*Store)(nil)
+	_ idempotency.Watcher   = (*Store)(nil)
+	_ idempotency.Inspector = (*Store)(nil)
 )
+
+// Capabilities reports what the store does beyond the [idempotency.Store]
+// contract: it watches (pub/sub), inspects, and keeps values up to
+// [Options.MaxValueSize]. Redis expires records itself: there is no
+// Sweeper.
+func (s *Store) Capabilities() idempotency.Capabilities {
+	return idempotency.Capabilities{Watcher: s, Inspector: s,
+		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
+}
 
 // New returns a store on client, which it never closes. opts may be nil.
 // It returns an error wrapping idempotency.ErrInvalidArgument for a nil

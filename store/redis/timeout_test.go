@@ -3,13 +3,14 @@ package redis_test
 import (
 	"context"
 	"errors"
-	"github.com/exactlyonce/idempotency/internal/nettest"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/nettest"
 
 	"github.com/exactlyonce/idempotency"
 	idemredis "github.com/exactlyonce/idempotency/store/redis"

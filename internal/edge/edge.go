@@ -1,0 +1,219 @@
+// Package edge holds what the edges of the library (httpidem, grpcidem and
+// the later ones) share beyond the root package's classification of a
+// call's outcome: the key a client makes, the check of a nil executor,
+// the rule that every managed call is scoped, and the client side's
+// backoff. Each edge keeps its own table from [idempotency.Outcome] to its
+// protocol's answer.
+package edge
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"time"
+)
+
+// ErrTransient is the error an edge's function returns to the executor
+// when the handler's answer means "try again" (an HTTP 5xx, 408 or 429, a
+// gRPC code its Stored refuses), so that the key is released and a retry
+// runs the handler again. Every edge exports it under the name
+// ErrTransient.
+var ErrTransient = errors.New("idempotency: the handler's answer means try again; released, not stored")
+
+// NewKey returns a new idempotency key: a random (version 4) UUID.
+func NewKey() string {
+	var u [16]byte
+	crand.Read(u[:]) // never fails (Go 1.24+)
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], u[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], u[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], u[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], u[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], u[10:])
+	return string(s[:])
+}
+
+// IsNil reports whether v is nil or holds a nil pointer (a typed nil such
+// as a nil *idempotency.Runner), whose methods would panic on first use.
+func IsNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// ScopeChoice returns the message of the error that refuses an edge's
+// configuration without a scope, or with both a scope and a shared key
+// space, or "" when the choice is made.
+func ScopeChoice(scoped, shared bool) string {
+	switch {
+	case !scoped && !shared:
+		return "no scope: give WithScope, so that one client's key can never reach another client's stored response, or WithSharedKeySpace() if every caller is trusted to make keys no other caller can guess"
+	case scoped && shared:
+		return "both WithScope and WithSharedKeySpace: choose one"
+	}
+	return ""
+}
+
+// ScopeParts checks the parts a scope function returned: none, or an
+// empty one, is a rejection (a missing tenant must not fall back to a key
+// space shared with every call that lacks one). It returns "" or the
+// reason.
+func ScopeParts(scope []string) string {
+	if len(scope) == 0 {
+		return "has no scope (tenant, actor)"
+	}
+	for _, p := range scope {
+		if p == "" {
+			return "has a scope part (tenant, actor) that is empty"
+		}
+	}
+	return ""
+}
+
+// Defaults of the client side's retries, the same on every edge.
+const (
+	DefaultMaxAttempts = 5
+	DefaultMaxElapsed  = 30 * time.Second
+	DefaultMinBackoff  = 100 * time.Millisecond
+	DefaultMaxBackoff  = 5 * time.Second
+)
+
+// Backoff is the client side's schedule of retries: at most MaxAttempts
+// attempts, each wait drawn from [0, backoff] ("full jitter", so that a
+// crowd of clients does not retry in lockstep) with backoff doubling from
+// MinBackoff up to MaxBackoff, or the server's hint if that is longer, and
+// no attempt started after MaxElapsed from the first.
+type Backoff struct {
+	MaxAttempts            int
+	MaxElapsed             time.Duration
+	MinBackoff, MaxBackoff time.Duration
+	// Jitter returns a random duration in [0, d]; nil means uniform.
+	Jitter func(d time.Duration) time.Duration
+	// Sleep waits d or until ctx is done; nil means a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Now is the clock of MaxElapsed; nil means time.Now.
+	Now func() time.Time
+}
+
+// Defaults returns b with the zero fields set to the defaults.
+func (b Backoff) Defaults() Backoff {
+	if b.MaxAttempts == 0 {
+		b.MaxAttempts = DefaultMaxAttempts
+	}
+	if b.MaxElapsed == 0 {
+		b.MaxElapsed = DefaultMaxElapsed
+	}
+	if b.MinBackoff == 0 {
+		b.MinBackoff = DefaultMinBackoff
+	}
+	if b.MaxBackoff == 0 {
+		b.MaxBackoff = max(DefaultMaxBackoff, b.MinBackoff)
+	}
+	if b.Now == nil {
+		b.Now = time.Now
+	}
+	return b
+}
+
+// Check returns the message of the error that refuses b, naming the
+// option, or "".
+func (b Backoff) Check() string {
+	switch {
+	case b.MaxAttempts < 1:
+		return "WithMaxAttempts: must be at least 1"
+	case b.MaxElapsed <= 0:
+		return "WithMaxElapsed: must be positive"
+	case b.MinBackoff <= 0 || b.MaxBackoff < b.MinBackoff:
+		return "WithBackoff: want 0 < min <= max"
+	}
+	return ""
+}
+
+// Schedule is the state of one call's retries.
+type Schedule struct {
+	b       *Backoff
+	start   time.Time
+	backoff time.Duration
+	n       int
+}
+
+// Start begins the schedule of a call whose first attempt is about to
+// be made.
+func (b *Backoff) Start() Schedule {
+	return Schedule{b: b, start: b.Now(), backoff: b.MinBackoff, n: 1}
+}
+
+// Next returns how long to wait before the next attempt, given the
+// server's hint (0 for none), and false when no attempt is left: MaxAttempts
+// were made, or the next would start after MaxElapsed, or after
+// deadline (when not zero).
+func (s *Schedule) Next(hint time.Duration, deadline time.Time) (time.Duration, bool) {
+	b := s.b
+	if s.n >= b.MaxAttempts {
+		return 0, false
+	}
+	s.n++
+	wait := s.jitter(min(s.backoff, b.MaxBackoff))
+	// Double up to the cap and stay there: doubling without bound would
+	// overflow after a few dozen attempts into a negative backoff.
+	if s.backoff >= b.MaxBackoff/2 {
+		s.backoff = b.MaxBackoff
+	} else {
+		s.backoff *= 2
+	}
+	wait = max(wait, hint)
+	next := b.Now().Add(wait)
+	if next.Sub(s.start) > b.MaxElapsed {
+		return 0, false
+	}
+	if !deadline.IsZero() && !next.Before(deadline) {
+		return 0, false
+	}
+	return wait, true
+}
+
+// Attempt is the number of the attempt about to be made (or last made).
+func (s *Schedule) Attempt() int { return s.n }
+
+// Elapsed is the time since the first attempt.
+func (s *Schedule) Elapsed() time.Duration { return s.b.Now().Sub(s.start) }
+
+func (s *Schedule) jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	if s.b.Jitter != nil {
+		return s.b.Jitter(d)
+	}
+	return time.Duration(rand.Int64N(int64(d) + 1))
+}
+
+// Wait waits d, through b.Sleep if set, or until ctx is done.
+func (b *Backoff) Wait(ctx context.Context, d time.Duration) error {
+	if b.Sleep != nil {
+		return b.Sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
