@@ -13,7 +13,8 @@ import (
 // A support case: a customer's retry keeps getting 409. Inspect shows the
 // holder's lease is still live and which attempt it is.
 func ExampleRunner_Inspect() {
-	r, _ := idempotency.New(memory.New(nil))
+	store, _ := memory.New(nil)
+	r, _ := idempotency.New(store)
 	ctx := context.Background()
 	req := idempotency.Request{Scope: []string{"acct_42", "POST /payments"}, Key: "order-7"}
 	started, gateway, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -45,7 +46,7 @@ func ExampleRunner_Inspect() {
 // resolver, seeing that the charge happened, records its result.
 func ExampleReconcile() {
 	clock := conformancetest.NewClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
-	store := memory.New(&memory.Options{Now: clock.Now})
+	store, _ := memory.New(&memory.Options{Now: clock.Now})
 	r, _ := idempotency.New(store)
 	ctx := context.Background()
 

@@ -102,7 +102,7 @@ func TestInspectPurgeStuck(t *testing.T) {
 type bareStore struct{ idempotency.Store }
 
 func TestOperatorViewNeedsAnInspector(t *testing.T) {
-	r, err := idempotency.New(bareStore{memory.New(nil)})
+	r, err := idempotency.New(bareStore{memStore(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func (c *inspectCounter) Inspect(ctx context.Context, key string) (idempotency.R
 
 // ErrNotFound is an answer, not a failure: it is never retried.
 func TestInspectNotFoundIsNotRetried(t *testing.T) {
-	s := &inspectCounter{Store: memory.New(nil)}
+	s := &inspectCounter{Store: memStore(nil)}
 	r, err := idempotency.New(s)
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 type payment struct {
@@ -31,7 +30,7 @@ func BenchmarkDo(b *testing.B) {
 	fp := idempotency.FingerprintBytes([]byte("body"))
 	fn := func(ctx context.Context) (payment, error) { return payment{ID: "ch_1", Amount: 100}, nil }
 	b.Run("fresh", func(b *testing.B) {
-		r, _ := idempotency.New(memory.New(nil))
+		r, _ := idempotency.New(memStore(nil))
 		ks := keys(b.N)
 		scope := []string{"acct"}
 		b.ReportAllocs()
@@ -44,7 +43,7 @@ func BenchmarkDo(b *testing.B) {
 		}
 	})
 	b.Run("replay", func(b *testing.B) {
-		r, _ := idempotency.New(memory.New(nil))
+		r, _ := idempotency.New(memStore(nil))
 		req := idempotency.Request{Scope: []string{"acct"}, Key: "k", Fingerprint: fp}
 		if _, err := idempotency.Do(ctx, r, req, fn); err != nil {
 			b.Fatal(err)
@@ -68,7 +67,7 @@ func BenchmarkStoreDirect(b *testing.B) {
 	fp := idempotency.FingerprintBytes([]byte("body"))
 	result := []byte(`v{"id":"ch_1","amount":100}`)
 	b.Run("claim+complete", func(b *testing.B) {
-		s := memory.New(nil)
+		s := memStore(nil)
 		ks := make([]string, b.N)
 		for i, k := range keys(b.N) {
 			ks[i], _ = idempotency.StorageKey([]string{"acct"}, k)
@@ -86,7 +85,7 @@ func BenchmarkStoreDirect(b *testing.B) {
 		}
 	})
 	b.Run("claim-replay", func(b *testing.B) {
-		s := memory.New(nil)
+		s := memStore(nil)
 		key, _ := idempotency.StorageKey([]string{"acct"}, "k")
 		s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: fp, Token: "t", Lease: idempotency.DefaultLease})
 		s.Complete(ctx, key, "t", result, idempotency.DefaultRetention)

@@ -43,7 +43,7 @@ func storedResult(t *testing.T, s *memory.Store, r *idempotency.Runner, key stri
 
 func TestBytesResultStoredRaw(t *testing.T) {
 	ctx := context.Background()
-	store := memory.New(nil)
+	store := memStore(nil)
 	r, err := idempotency.New(store)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestBytesResultStoredRaw(t *testing.T) {
 
 func TestBytesResultFormerFormat(t *testing.T) {
 	ctx := context.Background()
-	store := memory.New(nil)
+	store := memStore(nil)
 	old, err := idempotency.New(formerBytes{store})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func (c upperCodec) Unmarshal(data []byte, v any) error {
 
 func TestBytesResultCustomCodec(t *testing.T) {
 	ctx := context.Background()
-	store := memory.New(nil)
+	store := memStore(nil)
 	r, err := idempotency.New(store, idempotency.WithCodec(upperCodec{}))
 	if err != nil {
 		t.Fatal(err)

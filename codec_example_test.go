@@ -50,7 +50,7 @@ func ExampleWithCodec() {
 	key := make([]byte, 32) // from your key management, not zeros
 	block, _ := aes.NewCipher(key)
 	aead, _ := cipher.NewGCM(block)
-	store := memory.New(nil)
+	store, _ := memory.New(nil)
 	r, _ := idempotency.New(store, idempotency.WithCodec(sealedCodec{aead: aead, inner: idempotency.JSONCodec{}}))
 
 	ctx := context.Background()
@@ -80,7 +80,7 @@ func (s *spyStore) Complete(ctx context.Context, key string, tok idempotency.Tok
 func TestCodecSealsStoredBytes(t *testing.T) {
 	block, _ := aes.NewCipher(make([]byte, 32))
 	aead, _ := cipher.NewGCM(block)
-	spy := &spyStore{Store: memory.New(nil)}
+	spy := &spyStore{Store: memStore(nil)}
 	r, err := idempotency.New(spy, idempotency.WithCodec(sealedCodec{aead: aead, inner: idempotency.JSONCodec{}}))
 	if err != nil {
 		t.Fatal(err)

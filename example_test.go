@@ -12,7 +12,11 @@ import (
 // A payment handler charges once, however often the client retries.
 // README.md shows this as a complete program.
 func Example() {
-	r, err := idempotency.New(memory.New(nil)) // or postgres.New, redis.New
+	store, err := memory.New(nil) // or postgres.New, redis.New
+	if err != nil {
+		panic(err)
+	}
+	r, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}
@@ -45,7 +49,8 @@ func Example() {
 // A permanent error is stored and replayed, so a retry cannot succeed
 // after the balance changed underneath it; other errors release the key.
 func ExamplePermanent() {
-	r, _ := idempotency.New(memory.New(nil))
+	store, _ := memory.New(nil)
+	r, _ := idempotency.New(store)
 	ctx := context.Background()
 	req := idempotency.Request{Key: "order-8"}
 	balance := 50
@@ -69,7 +74,8 @@ func ExamplePermanent() {
 // Recovery points let a holder that takes over a crashed one skip the
 // steps that already ran; the downstream key is the same in every attempt.
 func ExampleStep() {
-	r, _ := idempotency.New(memory.New(nil))
+	store, _ := memory.New(nil)
+	r, _ := idempotency.New(store)
 	ctx := context.Background()
 	res, err := idempotency.Do(ctx, r, idempotency.Request{Key: "order-9"}, func(ctx context.Context) (string, error) {
 		id, err := idempotency.Step(ctx, "create-payment-row", func(ctx context.Context) (int, error) {
@@ -104,7 +110,8 @@ func ExampleFingerprintJSON() {
 
 // A concurrent duplicate gets ErrInProgress with a retry-after hint.
 func ExampleInProgressError() {
-	r, _ := idempotency.New(memory.New(nil))
+	store, _ := memory.New(nil)
+	r, _ := idempotency.New(store)
 	ctx := context.Background()
 	req := idempotency.Request{Key: "order-10"}
 	_, _ = idempotency.Do(ctx, r, req, func(ctx context.Context) (int, error) {

@@ -113,7 +113,7 @@ func FuzzParseStorageKey(f *testing.F) {
 // clock, and the storage key of req.
 func newFuzzRunner(t *testing.T, req idempotency.Request) (*idempotency.Runner, *memory.Store, *conformancetest.Clock, string) {
 	clock := conformancetest.NewClock(time.Unix(1_700_000_000, 0))
-	store := memory.New(&memory.Options{Now: clock.Now})
+	store := memStore(&memory.Options{Now: clock.Now})
 	r, err := idempotency.New(store)
 	if err != nil {
 		t.Fatal(err)

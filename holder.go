@@ -29,7 +29,7 @@ type holder struct {
 	tx       bool
 	attempts int
 	cancel   context.CancelCauseFunc
-	after     boundedCtx // the context of the store calls after fn
+	after    boundedCtx // the context of the store calls after fn
 	// afterAttempt is the context of the first attempt of the store call
 	// after fn (Complete or Release), which is made once.
 	afterAttempt boundedCtx

@@ -25,7 +25,7 @@ var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 func newRunner(t *testing.T, opts ...idempotency.Option) (*idempotency.Runner, *memory.Store, *conformancetest.Clock) {
 	t.Helper()
 	clock := conformancetest.NewClock(t0)
-	s := memory.New(&memory.Options{Now: clock.Now})
+	s := memStore(&memory.Options{Now: clock.Now})
 	r, err := idempotency.New(s, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestScopeIsolation(t *testing.T) {
 func TestHeartbeatKeepsLeaseForLongFn(t *testing.T) {
 	// Real time: the lease is 300ms and fn runs five times as long. Without
 	// the heartbeat a prober would take the key over.
-	s := memory.New(nil)
+	s := memStore(nil)
 	const lease = 300 * time.Millisecond
 	r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
@@ -291,7 +291,7 @@ func TestUnstorableSuccessNeverRerun(t *testing.T) {
 				mu.Unlock()
 			})
 			clock := conformancetest.NewClock(t0)
-			s := memory.New(&memory.Options{Now: clock.Now, MaxValueSize: 1 << 20})
+			s := memStore(&memory.Options{Now: clock.Now, MaxValueSize: 1 << 20})
 			r, err := idempotency.New(s, append(tc.opts, idempotency.WithObserver(obs))...)
 			if err != nil {
 				t.Fatal(err)
@@ -550,7 +550,7 @@ func (f *flakyStore) Complete(ctx context.Context, key string, tok idempotency.T
 
 func TestAmbiguousStoreErrorsRetriedWithSameToken(t *testing.T) {
 	clock := conformancetest.NewClock(t0)
-	fs := &flakyStore{Store: memory.New(&memory.Options{Now: clock.Now}), loseClaim: 1, loseDone: 1}
+	fs := &flakyStore{Store: memStore(&memory.Options{Now: clock.Now}), loseClaim: 1, loseDone: 1}
 	r, err := idempotency.New(fs, idempotency.WithStoreRetries(3, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -571,7 +571,7 @@ func TestAmbiguousStoreErrorsRetriedWithSameToken(t *testing.T) {
 
 func TestStoreFailureAfterFnIsReportedAsRan(t *testing.T) {
 	clock := conformancetest.NewClock(t0)
-	fs := &flakyStore{Store: memory.New(&memory.Options{Now: clock.Now}), failDone: true}
+	fs := &flakyStore{Store: memStore(&memory.Options{Now: clock.Now}), failDone: true}
 	r, err := idempotency.New(fs, idempotency.WithStoreRetries(2, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -598,7 +598,7 @@ func (downStore) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempot
 }
 
 func TestStoreDownBeforeFn(t *testing.T) {
-	r, err := idempotency.New(downStore{memory.New(nil)}, idempotency.WithStoreRetries(2, time.Millisecond))
+	r, err := idempotency.New(downStore{memStore(nil)}, idempotency.WithStoreRetries(2, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -642,7 +642,7 @@ func TestHeartbeatKeepsManyLeases(t *testing.T) {
 	// four leases while a prober checks, past every lease's first end, that
 	// none was left to expire.
 	const lease = 300 * time.Millisecond
-	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
+	r, err := idempotency.New(memStore(nil), idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +716,7 @@ func TestHeartbeatStopsFnBeforeTakeoverWhenRenewalFails(t *testing.T) {
 			t.Parallel()
 			blocked := make(chan struct{})
 			defer close(blocked)
-			s := &renewStore{Store: memory.New(nil), mode: mode, blocked: blocked}
+			s := &renewStore{Store: memStore(nil), mode: mode, blocked: blocked}
 			r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(2, time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
@@ -768,7 +768,7 @@ type noWatch struct{ idempotency.Store }
 
 func TestWaitPollsWithoutWatcher(t *testing.T) {
 	clock := conformancetest.NewClock(t0)
-	r, err := idempotency.New(noWatch{memory.New(&memory.Options{Now: clock.Now})}, idempotency.WithWait(10*time.Second))
+	r, err := idempotency.New(noWatch{memStore(&memory.Options{Now: clock.Now})}, idempotency.WithWait(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -799,7 +799,7 @@ func (hangStore) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempot
 }
 
 func TestStoreTimeout(t *testing.T) {
-	r, err := idempotency.New(hangStore{memory.New(nil)}, idempotency.WithStoreTimeout(20*time.Millisecond), idempotency.WithStoreRetries(3, time.Millisecond))
+	r, err := idempotency.New(hangStore{memStore(nil)}, idempotency.WithStoreTimeout(20*time.Millisecond), idempotency.WithStoreRetries(3, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -809,13 +809,13 @@ func TestStoreTimeout(t *testing.T) {
 	if ran || !errors.As(err, &se) || se.Ran || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ran=%v err=%v; want a StoreError wrapping the attempt's deadline", ran, err)
 	}
-	if _, err := idempotency.New(memory.New(nil), idempotency.WithStoreTimeout(-1)); !errors.Is(err, idempotency.ErrInvalidArgument) {
+	if _, err := idempotency.New(memStore(nil), idempotency.WithStoreTimeout(-1)); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Fatalf("negative timeout: %v", err)
 	}
 }
 
 func TestCanceledDuringBackoffMatchesContext(t *testing.T) {
-	r, err := idempotency.New(downStore{memory.New(nil)}, idempotency.WithStoreRetries(5, time.Hour))
+	r, err := idempotency.New(downStore{memStore(nil)}, idempotency.WithStoreRetries(5, time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -856,7 +856,7 @@ func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
 	// timeout (a third of the lease, the longest allowed), but succeeds:
 	// fn must not be stopped, since the lease is held all along.
 	const lease = time.Second
-	s := &renewStore{Store: memory.New(nil), mode: "slow"}
+	s := &renewStore{Store: memStore(nil), mode: "slow"}
 	r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
@@ -875,7 +875,7 @@ func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
 }
 
 func TestStepRefusesAfterLeaseLost(t *testing.T) {
-	s := &renewStore{Store: memory.New(nil), mode: "hang"}
+	s := &renewStore{Store: memStore(nil), mode: "hang"}
 	r, err := idempotency.New(s, idempotency.WithLease(300*time.Millisecond), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
@@ -899,7 +899,7 @@ func TestLeaseOutlivesCallerCancellation(t *testing.T) {
 	// The caller gives up, fn finishes its effect anyway: the lease must
 	// cover fn until it returns, so no retry takes over meanwhile.
 	const lease = 300 * time.Millisecond
-	r, err := idempotency.New(memory.New(nil), idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
+	r, err := idempotency.New(memStore(nil), idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -951,7 +951,7 @@ func TestCompleteIsBoundedByTheLease(t *testing.T) {
 	// No store timeout and a context that cannot be canceled: a hanging
 	// Complete still ends when the lease would, with the effect reported
 	// as having run.
-	r, err := idempotency.New(hangCompleteStore{memory.New(nil)}, idempotency.WithLease(200*time.Millisecond), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(1, 0))
+	r, err := idempotency.New(hangCompleteStore{memStore(nil)}, idempotency.WithLease(200*time.Millisecond), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -972,7 +972,7 @@ func TestCompleteIsBoundedByTheLease(t *testing.T) {
 }
 
 func TestHugeBackoffIsCapped(t *testing.T) {
-	r, err := idempotency.New(downStore{memory.New(nil)}, idempotency.WithStoreRetries(3, time.Duration(math.MaxInt64)))
+	r, err := idempotency.New(downStore{memStore(nil)}, idempotency.WithStoreRetries(3, time.Duration(math.MaxInt64)))
 	if err != nil {
 		t.Fatal(err)
 	}

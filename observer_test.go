@@ -77,7 +77,7 @@ func (s markedStore) Complete(ctx context.Context, key string, token idempotency
 // events; the summary says whether fn ran and what the result was.
 func TestCallObserver(t *testing.T) {
 	o := &recorder{}
-	r, err := idempotency.New(markedStore{memory.New(nil), t}, idempotency.WithObserver(o))
+	r, err := idempotency.New(markedStore{memStore(nil), t}, idempotency.WithObserver(o))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestEventInvalidKeyAndReplayedError(t *testing.T) {
 	logs := idempotency.NewSlogObserver(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	var mu sync.Mutex
 	var events []idempotency.Event
-	r, err := idempotency.New(memory.New(nil), idempotency.WithObserver(idempotency.ObserverFunc(func(ctx context.Context, e idempotency.Event) {
+	r, err := idempotency.New(memStore(nil), idempotency.WithObserver(idempotency.ObserverFunc(func(ctx context.Context, e idempotency.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()

@@ -27,7 +27,7 @@ func (f floorStore) Capabilities() idempotency.Capabilities {
 // alone is refused by New, with an error that names the option and the
 // value it got.
 func TestNewRefusesConfigurationsThatRunFnTwice(t *testing.T) {
-	s := memory.New(nil)
+	s := memStore(nil)
 	for _, c := range []struct {
 		name  string
 		store idempotency.Store
@@ -79,7 +79,7 @@ func opts(o ...idempotency.Option) []idempotency.Option { return o }
 // TestNewAcceptsSafeConfigurations: the floors are not in the way of
 // sensible settings, and the unsafe option lifts exactly the floors.
 func TestNewAcceptsSafeConfigurations(t *testing.T) {
-	s := memory.New(nil)
+	s := memStore(nil)
 	for _, o := range [][]idempotency.Option{
 		nil,
 		opts(idempotency.WithLease(idempotency.MinLease)),
@@ -104,7 +104,7 @@ func TestNewAcceptsSafeConfigurations(t *testing.T) {
 // times for three calls with one key; the same calls on the runner the
 // user meant run fn once.
 func TestLeaseTypoRunsFnOnce(t *testing.T) {
-	s := memory.New(nil)
+	s := memStore(nil)
 	if _, err := idempotency.New(s, idempotency.WithLease(30)); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Fatalf("WithLease(30) accepted: %v", err)
 	}
@@ -132,7 +132,7 @@ func TestLeaseTypoRunsFnOnce(t *testing.T) {
 // (three attempts of DefaultStoreTimeout), instead of hanging.
 func TestDefaultStoreTimeoutBoundsAHangingStore(t *testing.T) {
 	t.Parallel()
-	r, err := idempotency.New(hangStore{memory.New(nil)})
+	r, err := idempotency.New(hangStore{memStore(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestDefaultStoreTimeoutBoundsAHangingStore(t *testing.T) {
 // so that the default never breaks the rule an explicit one must keep.
 func TestDefaultStoreTimeoutFitsAShortLease(t *testing.T) {
 	t.Parallel()
-	r, err := idempotency.New(hangStore{memory.New(nil)}, idempotency.WithLease(300*time.Millisecond), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(1, 0))
+	r, err := idempotency.New(hangStore{memStore(nil)}, idempotency.WithLease(300*time.Millisecond), idempotency.WithUnsafeShortDurations(), idempotency.WithStoreRetries(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestEventsCarryTheScope(t *testing.T) {
 	obs := idempotency.ObserverFunc(func(ctx context.Context, e idempotency.Event) {
 		got = append(got, e.Scope)
 	})
-	r, err := idempotency.New(memory.New(nil), idempotency.WithObserver(obs))
+	r, err := idempotency.New(memStore(nil), idempotency.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,9 @@ package idempotency
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/typednil"
 )
 
 // Store is the contract a storage backend implements. It works on bytes and
@@ -392,16 +393,6 @@ func ValidateClaim(adapter string, r ClaimRequest) error {
 	return nil
 }
 
-// isNil reports whether v is nil or an interface holding a nil pointer,
-// map, slice, channel or function: a typed nil such as (*postgres.Store)(nil),
-// whose methods would panic on first use.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface, reflect.UnsafePointer:
-		return rv.IsNil()
-	}
-	return false
-}
+// isNil reports whether v is nil or holds a nil pointer: a typed nil such
+// as (*postgres.Store)(nil), whose methods would panic on first use.
+func isNil(v any) bool { return typednil.Is(v) }

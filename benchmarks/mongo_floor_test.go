@@ -68,7 +68,7 @@ func mongoFloor(b *testing.B, uri, op string, callers int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Setup(ctx); err != nil {
+	if err := s.Migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
 	r, err := idempotency.New(s, idempotency.WithRetention(10*time.Minute))

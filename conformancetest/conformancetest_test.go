@@ -15,7 +15,7 @@ import (
 // in real time).
 func TestMemoryStorePasses(t *testing.T) {
 	conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
-		return memory.New(&memory.Options{Now: clock.Now})
+		return memStore(&memory.Options{Now: clock.Now})
 	}, conformancetest.Capabilities{ControlledClock: true})
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/conformancetest"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 // realTimeEnv names the behaviour of the store TestRealTimeStore runs the
@@ -63,7 +62,7 @@ func TestRealTimeStore(t *testing.T) {
 	}
 	// One store for both cases (Run calls newStore from several goroutines
 	// at once), so that a rerun is not stalled again.
-	store := sync.OnceValue(func() idempotency.Store { return &stallingStore{Store: memory.New(nil), mode: mode} })
+	store := sync.OnceValue(func() idempotency.Store { return &stallingStore{Store: memStore(nil), mode: mode} })
 	conformancetest.Run(t, func(*testing.T, *conformancetest.Clock) idempotency.Store { return store() }, conformancetest.Capabilities{})
 }
 

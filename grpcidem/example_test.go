@@ -46,7 +46,11 @@ func accountOf(ctx context.Context, fullMethod string) ([]string, error) {
 }
 
 func ExampleUnaryServerInterceptor() {
-	runner, err := idempotency.New(memory.New(nil)) // or postgres.New, redis.New
+	store, err := memory.New(nil) // or postgres.New, redis.New
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}
@@ -90,7 +94,7 @@ func ExampleUnaryServerInterceptor() {
 // servePayments serves paymentsServer behind the server interceptor, as
 // ExampleUnaryServerInterceptor does, and returns its address.
 func servePayments() (addr string, stop func()) {
-	runner, err := idempotency.New(memory.New(nil))
+	runner, err := idempotency.New(memStore(nil))
 	if err != nil {
 		panic(err)
 	}

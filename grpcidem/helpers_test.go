@@ -50,7 +50,7 @@ func (p *payments) Balance(context.Context, *testpb.BalanceRequest) (*testpb.Bal
 func newRunner(t testing.TB, s idempotency.Store, opts ...idempotency.Option) *idempotency.Runner {
 	t.Helper()
 	if s == nil {
-		s = memory.New(nil)
+		s = memStore(nil)
 	}
 	r, err := idempotency.New(s, opts...)
 	if err != nil {

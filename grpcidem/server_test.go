@@ -18,7 +18,6 @@ import (
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/grpcidem"
 	"github.com/exactlyonce/idempotency/grpcidem/internal/testpb"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 func TestReplay(t *testing.T) {
@@ -203,7 +202,7 @@ func TestMismatch(t *testing.T) {
 }
 
 func TestStoreDown(t *testing.T) {
-	fs := &failingStore{Store: memory.New(nil)}
+	fs := &failingStore{Store: memStore(nil)}
 	p, addr := start(t, newRunner(t, fs, idempotency.WithStoreRetries(2, time.Millisecond)))
 	c := dial(t, addr)
 	_, err := c.Pay(keyed("k"), &testpb.PayRequest{Amount: 1})

@@ -16,7 +16,11 @@ import (
 // A payments endpoint behind the middleware: the client's retry with the
 // same key gets the first response, and the card is charged once.
 func ExampleNew() {
-	runner, err := idempotency.New(memory.New(nil))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}
@@ -68,7 +72,11 @@ func ExampleNew() {
 // A client whose first attempt meets an overloaded server: the transport
 // retries with the same key and body, and the payment happens once.
 func ExampleTransport() {
-	runner, err := idempotency.New(memory.New(nil))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}

@@ -29,7 +29,7 @@ func (s base64Results) Complete(ctx context.Context, key string, token idempoten
 // TestReplayOfFormerFormat: a response stored by an earlier version (as
 // base64 inside JSON) replays unchanged, and one stored now is raw bytes.
 func TestReplayOfFormerFormat(t *testing.T) {
-	store := memory.New(nil)
+	store := memStore(nil)
 	p := &payments{}
 	first := do(wrap(t, newRunner(t, base64Results{store}), p), "POST", "/payments", "k", `{"amount":100}`)
 	h := wrap(t, newRunner(t, store), p)

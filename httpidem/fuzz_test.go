@@ -16,7 +16,6 @@ import (
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/httpidem"
 	"github.com/exactlyonce/idempotency/internal/jsonfuzz"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 // The fuzz targets of this file run on their seed corpus (testdata/fuzz)
@@ -129,7 +128,7 @@ func FuzzKeyHeader(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
 		var h keyEcho
-		mw := wrap(t, newRunner(t, memory.New(nil)), &h)
+		mw := wrap(t, newRunner(t, memStore(nil)), &h)
 
 		// What the documentation says the value means.
 		v := strings.Trim(raw, " \t")
@@ -241,7 +240,7 @@ func FuzzBodyFingerprint(f *testing.F) {
 
 		// The same through the middleware.
 		var h keyEcho
-		mw := wrap(t, newRunner(t, memory.New(nil)), &h)
+		mw := wrap(t, newRunner(t, memStore(nil)), &h)
 		key := "k"
 		if w := send(mw, &key, contentType, body); w.Code != http.StatusOK {
 			t.Fatalf("first request: %d %s", w.Code, w.Body.Bytes())
@@ -290,7 +289,7 @@ func FuzzStoredResponse(f *testing.F) {
 	f.Add([]byte{}, uint8(1))
 	f.Fuzz(func(t *testing.T, data []byte, mode uint8) {
 		ctx := context.Background()
-		store := memory.New(nil)
+		store := memStore(nil)
 		r := newRunner(t, store)
 		var h keyEcho
 		mw := wrap(t, r, &h, httpidem.WithStoredHeaders("Location", "Content-Type"))

@@ -24,7 +24,7 @@ import (
 func newRunner(t testing.TB, store idempotency.Store, opts ...idempotency.Option) *idempotency.Runner {
 	t.Helper()
 	if store == nil {
-		store = memory.New(nil)
+		store = memStore(nil)
 	}
 	r, err := idempotency.New(store, opts...)
 	if err != nil {
@@ -463,7 +463,7 @@ func (s *hangingStore) Claim(ctx context.Context, _ idempotency.ClaimRequest) (i
 // timeout can end them, and then the client gets 503, not a hang.
 func TestStoreHangsTimesOut(t *testing.T) {
 	p := &payments{}
-	hs := &hangingStore{Store: memory.New(nil)}
+	hs := &hangingStore{Store: memStore(nil)}
 	h := wrap(t, newRunner(t, hs,
 		idempotency.WithStoreTimeout(50*time.Millisecond),
 		idempotency.WithStoreRetries(2, time.Millisecond)), p)
@@ -497,7 +497,7 @@ func (completeFails) Complete(context.Context, string, idempotency.Token, []byte
 
 func TestStoreDownAfterRun(t *testing.T) {
 	p := &payments{}
-	h := wrap(t, newRunner(t, completeFails{memory.New(nil)}, idempotency.WithStoreRetries(1, 0)), p)
+	h := wrap(t, newRunner(t, completeFails{memStore(nil)}, idempotency.WithStoreRetries(1, 0)), p)
 	// The effect happened: the client must learn so, not get a 503 that
 	// invites a retry with a new key.
 	w := do(h, "POST", "/payments", "k", `{}`)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/httpidem"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 func TestNewRequiresAScope(t *testing.T) {
@@ -54,7 +53,7 @@ func byUser(r *http.Request) ([]string, error) {
 // gets alice's response, and his own request runs.
 func TestCrossTenantKeys(t *testing.T) {
 	var runs atomic.Int64
-	store := memory.New(nil)
+	store := memStore(nil)
 	h := wrapRaw(t, newRunner(t, store), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.WriteHeader(http.StatusCreated)
@@ -97,7 +96,7 @@ func TestSharedKeySpaceSaidByName(t *testing.T) {
 // nothing is stored.
 func TestScopeRejection(t *testing.T) {
 	var runs atomic.Int64
-	store := memory.New(nil)
+	store := memStore(nil)
 	h := wrapRaw(t, newRunner(t, store), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 	}), httpidem.WithScope(byUser))

@@ -15,7 +15,11 @@ import (
 // effect (crediting an account) happens once per event, and the broker is
 // told what to do with each delivery.
 func Example() {
-	runner, err := idempotency.New(memory.New(nil)) // or a PostgreSQL, Redis, ... store
+	store, err := memory.New(nil) // or a PostgreSQL, Redis, ... store
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}

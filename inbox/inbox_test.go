@@ -9,12 +9,11 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/inbox"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 func newInbox(t *testing.T, consumer string) *inbox.Inbox {
 	t.Helper()
-	r, err := idempotency.New(memory.New(nil))
+	r, err := idempotency.New(memStore(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +59,7 @@ func TestDecide(t *testing.T) {
 // TestConsumersAndSources: the same event ID from two sources is two
 // events; the same event for two consumers is processed by each.
 func TestConsumersAndSources(t *testing.T) {
-	r, err := idempotency.New(memory.New(nil))
+	r, err := idempotency.New(memStore(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +145,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := inbox.New(nil, "c"); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("nil runner: %v", err)
 	}
-	r, _ := idempotency.New(memory.New(nil))
+	r, _ := idempotency.New(memStore(nil))
 	if _, err := inbox.New(r, ""); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("empty consumer: %v", err)
 	}

@@ -45,7 +45,7 @@ func TestMongo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Setup(ctx); err != nil {
+	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	checkStore(t, store, serverWorkload)

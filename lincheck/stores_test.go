@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
-	"github.com/exactlyonce/idempotency/store/memory"
 	"github.com/exactlyonce/idempotency/store/postgres"
 	idemredis "github.com/exactlyonce/idempotency/store/redis"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,7 +37,7 @@ func checkStore(t *testing.T, store idempotency.Store, w workload) {
 }
 
 func TestMemory(t *testing.T) {
-	checkStore(t, memory.New(nil), memoryWorkload)
+	checkStore(t, memStore(nil), memoryWorkload)
 }
 
 func TestPostgres(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/otelidem"
-	"github.com/exactlyonce/idempotency/store/memory"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -82,7 +81,7 @@ func BenchmarkObserver(b *testing.B) {
 		b.Run("replay", func(b *testing.B) { replay(b, r) })
 	}
 	b.Run("none", func(b *testing.B) {
-		r, err := idempotency.New(memory.New(nil))
+		r, err := idempotency.New(memStore(nil))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -94,7 +93,7 @@ func BenchmarkObserver(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r, err := idempotency.New(o.Store(memory.New(nil)), idempotency.WithObserver(o))
+		r, err := idempotency.New(o.Store(memStore(nil)), idempotency.WithObserver(o))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -36,7 +36,11 @@ func Example_prometheus() {
 	if err != nil {
 		panic(err)
 	}
-	runner, err := idempotency.New(tel.Store(memory.New(nil)), idempotency.WithObserver(tel))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(tel.Store(store), idempotency.WithObserver(tel))
 	if err != nil {
 		panic(err)
 	}

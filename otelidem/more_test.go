@@ -25,7 +25,7 @@ import (
 // and its store calls are its children.
 func TestHTTPRequestSpan(t *testing.T) {
 	h := newHarness(t, otelidem.Options{ScopeAttributes: []string{"", "http.route"}})
-	r, err := idempotency.New(h.o.Store(memory.New(nil)), idempotency.WithObserver(h.o))
+	r, err := idempotency.New(h.o.Store(memStore(nil)), idempotency.WithObserver(h.o))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestHTTPRequestSpan(t *testing.T) {
 func TestCallSpanAttributes(t *testing.T) {
 	h := newHarness(t, otelidem.Options{})
 	clk := conformancetest.NewClock(time.Unix(1_700_000_000, 0))
-	mem := memory.New(&memory.Options{Now: clk.Now})
+	mem := memStore(&memory.Options{Now: clk.Now})
 	r, err := idempotency.New(h.o.Store(mem), idempotency.WithObserver(h.o))
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +195,7 @@ func TestOutsideDo(t *testing.T) {
 // once, and no lease is left counted.
 func TestConcurrent(t *testing.T) {
 	h := newHarness(t, otelidem.Options{ScopeClass: func([]string) string { return "test" }})
-	r, err := idempotency.New(h.o.Store(memory.New(nil)), idempotency.WithObserver(h.o))
+	r, err := idempotency.New(h.o.Store(memStore(nil)), idempotency.WithObserver(h.o))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestOptions(t *testing.T) {
 // otel.metric.overflow=true, as the SDK's cardinality limit does.
 func TestMaxAttributeSets(t *testing.T) {
 	h := newHarness(t, otelidem.Options{ScopeAttributes: []string{"tenant"}, MaxAttributeSets: 1})
-	r, err := idempotency.New(memory.New(nil), idempotency.WithObserver(h.o))
+	r, err := idempotency.New(memStore(nil), idempotency.WithObserver(h.o))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func TestMaxAttributeSets(t *testing.T) {
 // is made, and the metrics are still recorded.
 func TestUnsampledParent(t *testing.T) {
 	h := newHarness(t, otelidem.Options{})
-	r, err := idempotency.New(h.o.Store(memory.New(nil)), idempotency.WithObserver(h.o))
+	r, err := idempotency.New(h.o.Store(memStore(nil)), idempotency.WithObserver(h.o))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,7 +164,7 @@ const (
 func TestScriptedSequence(t *testing.T) {
 	h := newHarness(t, otelidem.Options{ScopeAttributes: []string{"", "http.route"}})
 	clk := conformancetest.NewClock(time.Unix(1_700_000_000, 0))
-	mem := memory.New(&memory.Options{Now: clk.Now})
+	mem := memStore(&memory.Options{Now: clk.Now})
 	r, err := idempotency.New(h.o.Store(mem), idempotency.WithObserver(h.o), idempotency.WithMaxResultSize(64))
 	if err != nil {
 		t.Fatal(err)

@@ -36,7 +36,7 @@ func (limited) Capabilities() idempotency.Capabilities {
 // store it wraps, parts and limits, whatever their combination, with no
 // type per combination.
 func TestStoreInterfaces(t *testing.T) {
-	mem := memory.New(nil)
+	mem := memStore(nil)
 	for name, tc := range map[string]struct {
 		s                idempotency.Store
 		watch, in, sweep bool
@@ -95,7 +95,7 @@ func TestStoreLimitsReachRunner(t *testing.T) {
 	s := struct {
 		base
 		limited
-	}{base{memory.New(nil)}, limited{}}
+	}{base{memStore(nil)}, limited{}}
 	_, err := idempotency.New(h.o.Store(s), idempotency.WithLease(time.Second))
 	if !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("New with a lease under the store's minimum: %v", err)
@@ -109,7 +109,7 @@ func TestStoreLimitsReachRunner(t *testing.T) {
 // and are timed.
 func TestAdminThroughWrapper(t *testing.T) {
 	h := newHarness(t, otelidem.Options{})
-	r, err := idempotency.New(h.o.Store(memory.New(nil)), idempotency.WithObserver(h.o))
+	r, err := idempotency.New(h.o.Store(memStore(nil)), idempotency.WithObserver(h.o))
 	if err != nil {
 		t.Fatal(err)
 	}

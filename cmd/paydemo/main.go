@@ -46,7 +46,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "FAIL: the demo did not finish within a minute")
 		os.Exit(1)
 	})
-	ok, err := paydemo.Run(memory.New(nil), cfg, os.Stdout)
+	store, err := memory.New(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ok, err := paydemo.Run(store, cfg, os.Stdout)
 	if err != nil {
 		log.Fatal(err)
 	}

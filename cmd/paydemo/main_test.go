@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/exactlyonce/idempotency/internal/paydemo"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 // The demo's own verdict is the test: every intent charged once, every
@@ -14,7 +13,7 @@ import (
 func TestDemo(t *testing.T) {
 	for _, seed := range []uint64{1, 7} {
 		var out bytes.Buffer
-		ok, err := paydemo.Run(memory.New(nil), paydemo.Config{Seed: seed}, &out)
+		ok, err := paydemo.Run(memStore(nil), paydemo.Config{Seed: seed}, &out)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,11 @@ import (
 // The middleware is a plain func(http.Handler) http.Handler: chi takes it
 // with Use or, for some routes only, With.
 func Example() {
-	runner, err := idempotency.New(memory.New(nil))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}

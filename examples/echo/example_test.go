@@ -16,7 +16,11 @@ import (
 // echo.WrapMiddleware turns the net/http middleware into an echo one, for
 // one route or the whole server.
 func Example() {
-	runner, err := idempotency.New(memory.New(nil))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}

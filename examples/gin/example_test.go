@@ -20,7 +20,11 @@ import (
 // writer, which is why it goes in front of the engine.
 func Example() {
 	gin.SetMode(gin.ReleaseMode)
-	runner, err := idempotency.New(memory.New(nil))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	runner, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}

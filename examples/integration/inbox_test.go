@@ -12,7 +12,6 @@ import (
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/inbox"
-	"github.com/exactlyonce/idempotency/store/memory"
 	"github.com/exactlyonce/idempotency/store/postgres"
 	"github.com/exactlyonce/idempotency/store/redis"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +21,7 @@ import (
 // inboxStores opens each store the inbox is tried on: the real servers
 // of IDEM_POSTGRES_URL and IDEM_REDIS_ADDR, and memory as the baseline.
 var inboxStores = map[string]func(t *testing.T) idempotency.Store{
-	"memory": func(t *testing.T) idempotency.Store { return memory.New(nil) },
+	"memory": func(t *testing.T) idempotency.Store { return memStore(nil) },
 	"postgres": func(t *testing.T) idempotency.Store {
 		url := os.Getenv("IDEM_POSTGRES_URL")
 		if url == "" {

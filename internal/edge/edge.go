@@ -12,8 +12,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
-	"reflect"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/typednil"
 )
 
 // ErrTransient is the error an edge's function returns to the executor
@@ -44,17 +45,7 @@ func NewKey() string {
 
 // IsNil reports whether v is nil or holds a nil pointer (a typed nil such
 // as a nil *idempotency.Runner), whose methods would panic on first use.
-func IsNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
-		return rv.IsNil()
-	}
-	return false
-}
+func IsNil(v any) bool { return typednil.Is(v) }
 
 // ScopeChoice returns the message of the error that refuses an edge's
 // configuration without a scope, or with both a scope and a shared key

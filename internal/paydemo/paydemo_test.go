@@ -33,10 +33,10 @@ func (n noWatch) Release(ctx context.Context, k string, t idempotency.Token) err
 
 // The crash wrapper is a Watcher exactly when the store under it is.
 func TestWrapperWatchesOnlyWhenStoreDoes(t *testing.T) {
-	if _, ok := newDemo(memory.New(nil)).store.forRunner().(idempotency.Watcher); !ok {
+	if _, ok := newDemo(memStore(nil)).store.forRunner().(idempotency.Watcher); !ok {
 		t.Fatal("the wrapped memory store lost its Watch")
 	}
-	if _, ok := newDemo(noWatch{memory.New(nil)}).store.forRunner().(idempotency.Watcher); ok {
+	if _, ok := newDemo(noWatch{memStore(nil)}).store.forRunner().(idempotency.Watcher); ok {
 		t.Fatal("the wrapper claims to watch a store that cannot")
 	}
 }
@@ -44,7 +44,7 @@ func TestWrapperWatchesOnlyWhenStoreDoes(t *testing.T) {
 // A killed holder's calls never reach the store: its lease must run out.
 func TestKilledHolderIsCutOff(t *testing.T) {
 	ctx := context.Background()
-	s := newDemo(memory.New(nil)).store
+	s := newDemo(memStore(nil)).store
 	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "f", Token: "t1", Lease: time.Minute})
 	if err != nil || res.Outcome != idempotency.OutcomeAcquired {
 		t.Fatalf("claim: %+v %v", res, err)
@@ -70,7 +70,7 @@ func TestKilledHolderIsCutOff(t *testing.T) {
 // intent once.
 func TestRunWithoutWatcher(t *testing.T) {
 	var out bytes.Buffer
-	ok, err := Run(noWatch{memory.New(nil)}, Config{Seed: 11, Verbose: true}, &out)
+	ok, err := Run(noWatch{memStore(nil)}, Config{Seed: 11, Verbose: true}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func encodeRecord(state byte, tok idempotency.Token, m meta, result []byte) stri
 	return string(append(b, result...))
 }
 
-var errCorrupt = errors.New("etcd store: corrupt record")
+var errCorrupt = errors.New("etcd: corrupt record")
 
 // decodeRecord parses a record's value. The result aliases b.
 func decodeRecord(b []byte) (state byte, tok idempotency.Token, m meta, result []byte, err error) {

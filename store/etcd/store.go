@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/typednil"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -124,8 +125,8 @@ var (
 // client or invalid options give an error wrapping
 // idempotency.ErrInvalidArgument.
 func New(client Client, opts *Options) (*Store, error) {
-	if client == nil || isNilPointer(client) {
-		return nil, fmt.Errorf("%w: etcd store: nil client", idempotency.ErrInvalidArgument)
+	if typednil.Is(client) {
+		return nil, fmt.Errorf("%w: etcd: nil client", idempotency.ErrInvalidArgument)
 	}
 	var o Options
 	if opts != nil {
@@ -142,13 +143,13 @@ func New(client Client, opts *Options) (*Store, error) {
 	}
 	switch {
 	case o.MaxValueSize < 0:
-		return nil, fmt.Errorf("%w: etcd store: MaxValueSize %d is negative", idempotency.ErrInvalidArgument, o.MaxValueSize)
+		return nil, fmt.Errorf("%w: etcd: MaxValueSize %d is negative", idempotency.ErrInvalidArgument, o.MaxValueSize)
 	case o.MaxCheckpoints < 0 || o.MaxCheckpoints > 120:
-		return nil, fmt.Errorf("%w: etcd store: MaxCheckpoints %d is not in 1..120", idempotency.ErrInvalidArgument, o.MaxCheckpoints)
+		return nil, fmt.Errorf("%w: etcd: MaxCheckpoints %d is not in 1..120", idempotency.ErrInvalidArgument, o.MaxCheckpoints)
 	case o.MinLease < 0:
-		return nil, fmt.Errorf("%w: etcd store: MinLease %v is negative", idempotency.ErrInvalidArgument, o.MinLease)
+		return nil, fmt.Errorf("%w: etcd: MinLease %v is negative", idempotency.ErrInvalidArgument, o.MinLease)
 	case len(o.Prefix) > 4096:
-		return nil, fmt.Errorf("%w: etcd store: Prefix of %d bytes is longer than 4096", idempotency.ErrInvalidArgument, len(o.Prefix))
+		return nil, fmt.Errorf("%w: etcd: Prefix of %d bytes is longer than 4096", idempotency.ErrInvalidArgument, len(o.Prefix))
 	}
 	return &Store{
 		client:         client,
@@ -184,7 +185,7 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 // [Options.MinLease] when the server's election timeout is not the
 // default.
 func ServerMinLease(ctx context.Context, client Client) (time.Duration, error) {
-	if client == nil || isNilPointer(client) {
+	if typednil.Is(client) {
 		return 0, fmt.Errorf("%w: etcd: nil client", idempotency.ErrInvalidArgument)
 	}
 	resp, err := client.Grant(ctx, 1)
@@ -206,7 +207,7 @@ func (s *Store) Key(storageKey string) string { return s.keys(storageKey).holder
 // succeeds.
 const maxCAS = 16
 
-var errContended = errors.New("etcd store: the record changed during every attempt")
+var errContended = errors.New("etcd: the record changed during every attempt")
 
 // Claim implements [idempotency.Store].
 //
@@ -222,11 +223,8 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err := ctx.Err(); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	switch {
-	case r.Lease <= 0:
-		return idempotency.ClaimResult{}, fmt.Errorf("%w: etcd store: lease %v is not positive", idempotency.ErrInvalidArgument, r.Lease)
-	case r.Grace < 0:
-		return idempotency.ClaimResult{}, fmt.Errorf("%w: etcd store: grace %v is negative", idempotency.ErrInvalidArgument, r.Grace)
+	if err := idempotency.ValidateClaim("etcd", r); err != nil {
+		return idempotency.ClaimResult{}, err
 	}
 	start := time.Now()
 	k := s.keys(r.Key)
@@ -467,7 +465,7 @@ func (s *Store) reread(op, key string, token idempotency.Token, k recordKeys, re
 		}
 	}
 	s.holders.drop(key, token)
-	return holderState{}, false, fmt.Errorf("%w: etcd store: %s of %q", idempotency.ErrLeaseLost, op, key)
+	return holderState{}, false, fmt.Errorf("%w: etcd: %s of %q", idempotency.ErrLeaseLost, op, key)
 }
 
 // holderWrite runs the write that ops(st) builds for the record held under
@@ -518,7 +516,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 		return err
 	}
 	if lease <= 0 {
-		return fmt.Errorf("%w: etcd store: lease %v is not positive", idempotency.ErrInvalidArgument, lease)
+		return fmt.Errorf("%w: etcd: lease %v is not positive", idempotency.ErrInvalidArgument, lease)
 	}
 	start := time.Now()
 	k := s.keys(key)
@@ -541,7 +539,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 	})
 	switch {
 	case done:
-		return fmt.Errorf("%w: etcd store: renew of %q: completed", idempotency.ErrLeaseLost, key)
+		return fmt.Errorf("%w: etcd: renew of %q: completed", idempotency.ErrLeaseLost, key)
 	case err != nil:
 		return s.fail(ctx, "renew", err)
 	}
@@ -561,12 +559,12 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 		return err
 	}
 	if len(value) > s.maxValue {
-		return fmt.Errorf("%w: etcd store: checkpoint %q of %d bytes, above MaxValueSize %d", idempotency.ErrTooLarge, name, len(value), s.maxValue)
+		return fmt.Errorf("%w: etcd: checkpoint %q of %d bytes, above MaxValueSize %d", idempotency.ErrTooLarge, name, len(value), s.maxValue)
 	}
 	k := s.keys(key)
 	st, rev, done, err := s.holderWrite(ctx, "checkpoint", key, token, func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error) {
 		if !slices.Contains(st.names, name) && len(st.names) >= s.maxCheckpoints {
-			return nil, nil, fmt.Errorf("%w: etcd store: checkpoint %q would be the record's %dth, above MaxCheckpoints %d", idempotency.ErrTooLarge, name, len(st.names)+1, s.maxCheckpoints)
+			return nil, nil, fmt.Errorf("%w: etcd: checkpoint %q would be the record's %dth, above MaxCheckpoints %d", idempotency.ErrTooLarge, name, len(st.names)+1, s.maxCheckpoints)
 		}
 		return []clientv3.Op{
 			clientv3.OpPut(k.checkpoint(name), string(value), clientv3.WithLease(st.lease)),
@@ -575,7 +573,7 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 	})
 	switch {
 	case done:
-		return fmt.Errorf("%w: etcd store: checkpoint of %q: completed", idempotency.ErrLeaseLost, key)
+		return fmt.Errorf("%w: etcd: checkpoint of %q: completed", idempotency.ErrLeaseLost, key)
 	case err != nil:
 		return s.fail(ctx, "checkpoint", err)
 	}
@@ -598,10 +596,10 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 		return err
 	}
 	if len(result) > s.maxValue {
-		return fmt.Errorf("%w: etcd store: result of %d bytes, above MaxValueSize %d", idempotency.ErrTooLarge, len(result), s.maxValue)
+		return fmt.Errorf("%w: etcd: result of %d bytes, above MaxValueSize %d", idempotency.ErrTooLarge, len(result), s.maxValue)
 	}
 	if retention <= 0 {
-		return fmt.Errorf("%w: etcd store: retention %v is not positive", idempotency.ErrInvalidArgument, retention)
+		return fmt.Errorf("%w: etcd: retention %v is not positive", idempotency.ErrInvalidArgument, retention)
 	}
 	start := time.Now()
 	k := s.keys(key)
@@ -645,7 +643,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if resp.Succeeded || resp.Responses[0].GetResponseTxn().Succeeded {
 		return nil
 	}
-	return fmt.Errorf("%w: etcd store: release of %q", idempotency.ErrLeaseLost, key)
+	return fmt.Errorf("%w: etcd: release of %q", idempotency.ErrLeaseLost, key)
 }
 
 func (k recordKeys) readMeta() clientv3.Op {
@@ -725,7 +723,7 @@ func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return cerr
 	}
-	return fmt.Errorf("etcd store: %s: %w", op, err)
+	return fmt.Errorf("etcd: %s: %w", op, err)
 }
 
 // fail is the error of a holder's write: the store's own refusals
@@ -737,7 +735,7 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	case errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrTooLarge):
 		return err
 	case errors.Is(err, rpctypes.ErrRequestTooLarge) || tooLargeToSend(err):
-		return fmt.Errorf("%w: etcd store: %s: %w", idempotency.ErrTooLarge, op, err)
+		return fmt.Errorf("%w: etcd: %s: %w", idempotency.ErrTooLarge, op, err)
 	}
 	return s.wrap(ctx, op, err)
 }

@@ -3,13 +3,12 @@ package etcd
 import (
 	"context"
 	"errors"
-	"reflect"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-var errWatchClosed = errors.New("etcd store: watch closed")
+var errWatchClosed = errors.New("etcd: watch closed")
 
 // Watch implements [idempotency.Watcher] through etcd's watch API: it
 // returns when the record under key is completed, released, taken over or
@@ -53,11 +52,4 @@ func (s *Store) Watch(ctx context.Context, key string) error {
 		return err
 	}
 	return s.wrap(ctx, "watch", errWatchClosed)
-}
-
-// isNilPointer reports whether c is an interface holding a nil pointer,
-// whose methods would panic on first use.
-func isNilPointer(c Client) bool {
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }

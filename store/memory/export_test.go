@@ -3,7 +3,10 @@ package memory
 // NewWithHash returns a store that places keys by hash instead of by a
 // seeded maphash, so that a test can make keys collide.
 func NewWithHash(opts *Options, hash func(key string) uint64) *Store {
-	s := New(opts)
+	s, err := New(opts)
+	if err != nil {
+		panic(err)
+	}
 	s.hashKey = hash
 	return s
 }

@@ -60,8 +60,8 @@ type Options struct {
 
 	// MaxValueSize is the largest result or checkpoint value the store
 	// keeps, in bytes; a larger one gives [idempotency.ErrTooLarge] and
-	// writes nothing. Zero means [DefaultMaxValueSize]; a negative value
-	// means no limit.
+	// writes nothing. Zero means [DefaultMaxValueSize]; for no limit, give
+	// math.MaxInt. A negative value is refused.
 	MaxValueSize int
 }
 
@@ -70,7 +70,7 @@ type Options struct {
 // concurrent use. The zero value is not usable: call [New].
 type Store struct {
 	now      func() time.Time
-	maxValue int // < 0: no limit
+	maxValue int
 
 	// base is the store clock's reading at New: deadlines are kept as
 	// nanoseconds since base (see [Store.clock]).
@@ -182,8 +182,13 @@ func (s *Store) clock() instant {
 	return instant(s.now().Sub(s.base))
 }
 
-// New returns an empty store. A nil opts means the defaults.
-func New(opts *Options) *Store {
+// New returns an empty store. A nil opts means the defaults. It returns an
+// error wrapping [idempotency.ErrInvalidArgument] for invalid options, as
+// every adapter's New does.
+func New(opts *Options) (*Store, error) {
+	if opts != nil && opts.MaxValueSize < 0 {
+		return nil, invalid("MaxValueSize %d is negative (for no limit, give math.MaxInt)", opts.MaxValueSize)
+	}
 	s := &Store{
 		now:      time.Now,
 		maxValue: DefaultMaxValueSize,
@@ -200,7 +205,7 @@ func New(opts *Options) *Store {
 	}
 	s.base = s.now()
 	s.realClock = opts == nil || opts.Now == nil
-	return s
+	return s, nil
 }
 
 var (
@@ -214,12 +219,14 @@ var (
 // contract: it watches, sweeps and inspects, and keeps values up to
 // [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	c := idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s}
-	if s.maxValue >= 0 {
-		c.Limits.MaxValueSize = s.maxValue
-	}
-	return c
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s,
+		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
 }
+
+// Key returns the key under which the store keeps storageKey's record,
+// as every adapter's Key returns the backend's key of a record: the
+// storage key itself.
+func (s *Store) Key(storageKey string) string { return storageKey }
 
 // Claim atomically decides what a request for r.Key may do, as
 // [idempotency.Store] documents. It returns an error wrapping
@@ -750,7 +757,7 @@ func (q *fifo) pop() {
 }
 
 func (s *Store) checkSize(what string, b []byte) error {
-	if s.maxValue >= 0 && len(b) > s.maxValue {
+	if len(b) > s.maxValue {
 		return fmt.Errorf("%w: memory: %s of %d bytes exceeds the limit of %d", idempotency.ErrTooLarge, what, len(b), s.maxValue)
 	}
 	return nil

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +23,7 @@ func TestConformance(t *testing.T) {
 		caps := caps
 		caps.ControlledClock = true
 		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
-			return memory.New(&memory.Options{Now: clock.Now})
+			return memStore(&memory.Options{Now: clock.Now})
 		}, caps)
 	})
 	t.Run("colliding_hashes", func(t *testing.T) {
@@ -35,21 +37,21 @@ func TestConformance(t *testing.T) {
 	})
 	t.Run("real_time", func(t *testing.T) {
 		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
-			return memory.New(nil)
+			return memStore(nil)
 		}, caps)
 	})
 	t.Run("one_second_resolution", func(t *testing.T) {
 		// A store whose leases count in whole seconds, as etcd's do: the
 		// suite sizes its real-time cases from the Resolution it declares.
 		conformancetest.Run(t, func(t *testing.T, _ *conformancetest.Clock) idempotency.Store {
-			return secondStore{memory.New(nil)}
+			return secondStore{memStore(nil)}
 		}, caps)
 	})
 	t.Run("small_limit", func(t *testing.T) {
 		caps := caps
 		caps.ControlledClock = true
 		conformancetest.Run(t, func(t *testing.T, clock *conformancetest.Clock) idempotency.Store {
-			return memory.New(&memory.Options{Now: clock.Now, MaxValueSize: 1000})
+			return memStore(&memory.Options{Now: clock.Now, MaxValueSize: 1000})
 		}, caps)
 	})
 }
@@ -81,7 +83,7 @@ func (s secondStore) Complete(ctx context.Context, key string, tok idempotency.T
 }
 
 func BenchmarkStore(b *testing.B) {
-	conformancetest.Benchmark(b, func(b *testing.B) idempotency.Store { return memory.New(nil) })
+	conformancetest.Benchmark(b, func(b *testing.B) idempotency.Store { return memStore(nil) })
 }
 
 var ctx = context.Background()
@@ -99,7 +101,7 @@ func claim(t *testing.T, s *memory.Store, key string, tok idempotency.Token, lea
 // without a background goroutine, so a long-running process stays bounded.
 func TestMemoryStaysBoundedWithoutSweep(t *testing.T) {
 	clock := conformancetest.NewClock(time.Unix(1e9, 0))
-	s := memory.New(&memory.Options{Now: clock.Now})
+	s := memStore(&memory.Options{Now: clock.Now})
 	const n = 1000
 	for i := range n {
 		key := fmt.Sprint("started-", i)
@@ -182,7 +184,7 @@ func TestMemoryExpiryEntriesStayBounded(t *testing.T) {
 }
 
 func TestMemoryDoesNotAlias(t *testing.T) {
-	s := memory.New(nil)
+	s := memStore(nil)
 	claim(t, s, "k", "t", time.Second, time.Hour)
 	cp := []byte("checkpoint")
 	if err := s.Checkpoint(ctx, "k", "t", "step", cp); err != nil {
@@ -217,7 +219,7 @@ func TestMemoryDoesNotAlias(t *testing.T) {
 
 func TestMemoryOptions(t *testing.T) {
 	var nilOpts *memory.Options
-	for name, s := range map[string]*memory.Store{"nil": memory.New(nil), "typed nil": memory.New(nilOpts), "zero": memory.New(&memory.Options{})} {
+	for name, s := range map[string]*memory.Store{"nil": memStore(nil), "typed nil": memStore(nilOpts), "zero": memStore(&memory.Options{})} {
 		res := claim(t, s, "k", "t", time.Second, 0)
 		if res.Outcome != idempotency.OutcomeAcquired {
 			t.Fatalf("%s options: %v", name, res.Outcome)
@@ -231,15 +233,18 @@ func TestMemoryOptions(t *testing.T) {
 		}
 	}
 
-	unlimited := memory.New(&memory.Options{MaxValueSize: -1})
+	unlimited := memStore(&memory.Options{MaxValueSize: math.MaxInt})
 	claim(t, unlimited, "k", "t", time.Second, 0)
 	if err := unlimited.Complete(ctx, "k", "t", make([]byte, memory.DefaultMaxValueSize+1), time.Hour); err != nil {
-		t.Fatalf("negative MaxValueSize (no limit): %v", err)
+		t.Fatalf("MaxValueSize math.MaxInt (no limit): %v", err)
+	}
+	if _, err := memory.New(&memory.Options{MaxValueSize: -1}); !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), "MaxValueSize") {
+		t.Fatalf("negative MaxValueSize: %v, want ErrInvalidArgument naming the option", err)
 	}
 }
 
 func TestMemoryInvalidArguments(t *testing.T) {
-	s := memory.New(nil)
+	s := memStore(nil)
 	for name, r := range map[string]idempotency.ClaimRequest{
 		"empty key":      {Key: "", Token: "t", Lease: time.Second},
 		"zero lease":     {Key: "k", Token: "t"},
@@ -269,7 +274,7 @@ func TestMemoryInvalidArguments(t *testing.T) {
 // A waiter on a crashed holder's record wakes when the lease ends, on the
 // real clock, so it can take over without polling.
 func TestMemoryWatchWakesAtLeaseEnd(t *testing.T) {
-	s := memory.New(nil)
+	s := memStore(nil)
 	claim(t, s, "k", "crashed", 100*time.Millisecond, time.Hour)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -288,7 +293,7 @@ func TestMemoryWatchWakesAtLeaseEnd(t *testing.T) {
 
 func Example() {
 	clock := conformancetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	store := memory.New(&memory.Options{Now: clock.Now})
+	store, _ := memory.New(&memory.Options{Now: clock.Now})
 	ctx := context.Background()
 	req := idempotency.ClaimRequest{
 		Key:         "order-42",
@@ -324,7 +329,7 @@ func Example() {
 // completions and purges of other keys, all get the stored result.
 func TestConcurrentReplays(t *testing.T) {
 	ctx := context.Background()
-	s := memory.New(nil)
+	s := memStore(nil)
 	want := []byte("stored")
 	if _, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "k", Fingerprint: "f", Token: "t", Lease: time.Minute}); err != nil {
 		t.Fatal(err)

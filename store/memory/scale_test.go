@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
-	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 // BenchmarkScale measures Do on a store that already holds n live
@@ -42,7 +41,7 @@ func BenchmarkScale(b *testing.B) {
 	fn := func(context.Context) ([]byte, error) { return result, nil }
 	for _, n := range sizes {
 		b.Run("records="+strconv.Itoa(n), func(b *testing.B) {
-			store := memory.New(nil)
+			store := memStore(nil)
 			r, err := idempotency.New(store)
 			if err != nil {
 				b.Fatal(err)
@@ -127,7 +126,7 @@ func BenchmarkRecordSize(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		store := memory.New(nil)
+		store := memStore(nil)
 		for i := range n {
 			key, err := idempotency.StorageKey([]string{"tenant-42"}, "live-"+strconv.Itoa(i)+"-0123456789abcdef")
 			if err != nil {

@@ -36,7 +36,7 @@ func ExampleNew() {
 	if err != nil {
 		panic(err)
 	}
-	if err := store.Setup(ctx); err != nil { // optional: checks the server, creates the TTL index
+	if err := store.Migrate(ctx); err != nil { // optional: checks the server, creates the TTL index
 		panic(err)
 	}
 	runner, err := idempotency.New(store)

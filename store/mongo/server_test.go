@@ -90,8 +90,8 @@ func newStore(t testing.TB, coll *mongo.Collection, opts *idemmongo.Options) *id
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.Setup(ctx); err != nil {
-		t.Fatalf("Setup: %v", err)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
 	}
 	return s
 }

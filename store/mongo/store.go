@@ -46,13 +46,13 @@ const minMajor, minMinor = 5, 0
 const claimAttempts = 8
 
 // ErrUnsupportedServer is returned (wrapped, with the reason) by
-// [Store.Setup], and so by the first operation, when the server cannot run
+// [Store.Migrate], and so by the first operation, when the server cannot run
 // the store: MongoDB older than [MinServerVersion], FerretDB, or a
 // collection whose default collation is not binary.
-var ErrUnsupportedServer = errors.New("mongo store: unsupported server")
+var ErrUnsupportedServer = errors.New("mongo: unsupported server")
 
 // errNoWatch is returned by Watch on a deployment without change streams.
-var errNoWatch = errors.New("mongo store: Watch needs change streams, which a standalone server does not have (a replica set or a sharded cluster does); callers poll instead")
+var errNoWatch = errors.New("mongo: Watch needs change streams, which a standalone server does not have (a replica set or a sharded cluster does); callers poll instead")
 
 // Options configure a [Store]. The zero value (and nil) means the defaults.
 type Options struct {
@@ -79,7 +79,7 @@ type Options struct {
 	// a replayed result is one a failover cannot roll back.
 	ReadConcern *readconcern.ReadConcern
 
-	// SkipIndex leaves the TTL index to the operator: [Store.Setup] does not
+	// SkipIndex leaves the TTL index to the operator: [Store.Migrate] does not
 	// create it. Without it expired records stay until Sweep deletes them.
 	SkipIndex bool
 
@@ -119,8 +119,13 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
 }
 
+// Key returns the _id of storageKey's document, as every adapter's Key
+// returns the backend's key of a record, for tests and operators: the
+// storage key itself.
+func (s *Store) Key(storageKey string) string { return storageKey }
+
 // New returns a store on coll, which it never closes or drops. opts may
-// be nil. New sends nothing: the first operation (or [Store.Setup], to
+// be nil. New sends nothing: the first operation (or [Store.Migrate], to
 // fail early) checks the server and creates the TTL index. It returns an
 // error wrapping idempotency.ErrInvalidArgument for a nil collection or
 // unusable options.
@@ -129,7 +134,7 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 // opts and primary read preference, whatever coll was given.
 func New(coll *mongo.Collection, opts *Options) (*Store, error) {
 	if coll == nil {
-		return nil, fmt.Errorf("%w: mongo store: nil collection", idempotency.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: mongo: nil collection", idempotency.ErrInvalidArgument)
 	}
 	o, err := checkOptions(opts)
 	if err != nil {
@@ -148,7 +153,7 @@ func checkOptions(opts *Options) (Options, error) {
 		o = *opts
 	}
 	invalid := func(format string, args ...any) (Options, error) {
-		return o, fmt.Errorf("%w: mongo store: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
+		return o, fmt.Errorf("%w: mongo: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
 	}
 	switch {
 	case o.MaxValueSize == 0:
@@ -183,7 +188,7 @@ func newStore(c collection, o Options) *Store {
 	return &Store{c: c, maxValue: o.MaxValueSize, sweepBatch: o.SweepBatch, skipIndex: o.SkipIndex}
 }
 
-// Setup checks that the server can run the store and prepares the
+// Migrate checks that the server can run the store and prepares the
 // collection: MongoDB [MinServerVersion] or later (not FerretDB), a
 // collection without a default collation (keys compare byte for byte),
 // and the TTL index on the deletion time (unless [Options.SkipIndex]). It
@@ -191,7 +196,7 @@ func newStore(c collection, o Options) *Store {
 // operation runs it first until it succeeds once, so calling it is only
 // needed to fail at start-up rather than at the first request. Errors
 // about the server wrap [ErrUnsupportedServer].
-func (s *Store) Setup(ctx context.Context) error {
+func (s *Store) Migrate(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
@@ -290,12 +295,12 @@ func hasChangeStreams(hello bson.Raw) bool {
 }
 
 // begin checks what every operation checks first: a context not yet done,
-// and a server that passed Setup.
+// and a server that passed Migrate.
 func (s *Store) begin(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.Setup(ctx)
+	return s.Migrate(ctx)
 }
 
 // Claim implements [idempotency.Store.Claim] with one findAndModify
@@ -303,7 +308,7 @@ func (s *Store) begin(ctx context.Context) error {
 // acquired, the upsert fails with a duplicate key error and one read in
 // the same causally consistent session tells the outcome.
 func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	if err := checkClaim(r); err != nil {
+	if err := idempotency.ValidateClaim("mongo", r); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	if err := s.begin(ctx); err != nil {
@@ -335,21 +340,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		// It changed in between (released, expired, lease ended): decide
 		// again.
 	}
-	return idempotency.ClaimResult{}, fmt.Errorf("mongo store: claim: the record of key %q changed between the update and the read %d times; try again", r.Key, claimAttempts)
-}
-
-func checkClaim(r idempotency.ClaimRequest) error {
-	switch {
-	case r.Key == "":
-		return fmt.Errorf("%w: mongo store: empty key", idempotency.ErrInvalidArgument)
-	case r.Token == "":
-		return fmt.Errorf("%w: mongo store: empty token", idempotency.ErrInvalidArgument)
-	case r.Lease <= 0:
-		return fmt.Errorf("%w: mongo store: lease must be positive, got %v", idempotency.ErrInvalidArgument, r.Lease)
-	case r.Grace < 0:
-		return fmt.Errorf("%w: mongo store: grace must not be negative, got %v", idempotency.ErrInvalidArgument, r.Grace)
-	}
-	return nil
+	return idempotency.ClaimResult{}, fmt.Errorf("mongo: claim: the record of key %q changed between the update and the read %d times; try again", r.Key, claimAttempts)
 }
 
 // acquired reads the document a claim's update returned: the record as
@@ -360,7 +351,7 @@ func acquired(doc bson.Raw, r idempotency.ClaimRequest) (idempotency.ClaimResult
 	fence, okF := doc.Lookup(fieldFence).AsInt64OK()
 	attempt, okA := doc.Lookup(fieldAttempt).AsInt64OK()
 	if state != stateStarted || tok != string(r.Token) || !okF || !okA {
-		return idempotency.ClaimResult{}, fmt.Errorf("mongo store: claim: the update returned a record not held by the claim: %s", doc)
+		return idempotency.ClaimResult{}, fmt.Errorf("mongo: claim: the update returned a record not held by the claim: %s", doc)
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: fence, Attempt: int(attempt)}
 	cps, err := checkpoints(doc)
@@ -379,11 +370,11 @@ func checkpoints(doc bson.Raw) (map[string][]byte, error) {
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, fmt.Errorf("mongo store: corrupt checkpoints %s", v)
+		return nil, fmt.Errorf("mongo: corrupt checkpoints %s", v)
 	}
 	vals, err := arr.Values()
 	if err != nil {
-		return nil, fmt.Errorf("mongo store: corrupt checkpoints: %w", err)
+		return nil, fmt.Errorf("mongo: corrupt checkpoints: %w", err)
 	}
 	if len(vals) == 0 {
 		return nil, nil
@@ -394,7 +385,7 @@ func checkpoints(doc bson.Raw) (map[string][]byte, error) {
 		name, okN := decodeString(d.Lookup("k"))
 		_, value, okV := d.Lookup("v").BinaryOK()
 		if !ok || !okN || !okV {
-			return nil, fmt.Errorf("mongo store: corrupt checkpoint %s", item)
+			return nil, fmt.Errorf("mongo: corrupt checkpoint %s", item)
 		}
 		m[name] = append([]byte{}, value...)
 	}
@@ -442,7 +433,7 @@ func decideFromRead(doc bson.Raw, r idempotency.ClaimRequest) (idempotency.Claim
 // on the token.
 func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, lease time.Duration) error {
 	if lease <= 0 {
-		return fmt.Errorf("%w: mongo store: lease must be positive, got %v", idempotency.ErrInvalidArgument, lease)
+		return fmt.Errorf("%w: mongo: lease must be positive, got %v", idempotency.ErrInvalidArgument, lease)
 	}
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -455,7 +446,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 // conditional on the token.
 func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
 	if len(value) > s.maxValue {
-		return fmt.Errorf("%w: mongo store: checkpoint of %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, len(value), s.maxValue)
+		return fmt.Errorf("%w: mongo: checkpoint of %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, len(value), s.maxValue)
 	}
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -468,10 +459,10 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 // conditional on the token.
 func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
 	if len(result) > s.maxValue {
-		return fmt.Errorf("%w: mongo store: result of %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, len(result), s.maxValue)
+		return fmt.Errorf("%w: mongo: result of %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, len(result), s.maxValue)
 	}
 	if retention <= 0 {
-		return fmt.Errorf("%w: mongo store: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
+		return fmt.Errorf("%w: mongo: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
 	}
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -532,7 +523,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 			return lost
 		}
 	}
-	return fmt.Errorf("mongo store: release: the record of key %q changed between the update and the read %d times; try again", key, claimAttempts)
+	return fmt.Errorf("mongo: release: the record of key %q changed between the update and the read %d times; try again", key, claimAttempts)
 }
 
 // releaseFromRead decides a Release whose update matched nothing from the
@@ -571,7 +562,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	now, ok := hello.Lookup("localTime").TimeOK()
 	if !ok {
-		return 0, fmt.Errorf("mongo store: sweep: hello has no localTime: %s", hello)
+		return 0, fmt.Errorf("mongo: sweep: hello has no localTime: %s", hello)
 	}
 	total := 0
 	for limit <= 0 || total < limit {
@@ -604,12 +595,12 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // idempotency.ErrTooLarge, as nothing was written.
 func (s *Store) fail(ctx context.Context, opName string, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("mongo store: %s: %w (%w)", opName, cerr, err)
+		return fmt.Errorf("mongo: %s: %w (%w)", opName, cerr, err)
 	}
 	if isTooLarge(err) {
-		return fmt.Errorf("%w: mongo store: %s: %w", idempotency.ErrTooLarge, opName, err)
+		return fmt.Errorf("%w: mongo: %s: %w", idempotency.ErrTooLarge, opName, err)
 	}
-	return fmt.Errorf("mongo store: %s: %w", opName, err)
+	return fmt.Errorf("mongo: %s: %w", opName, err)
 }
 
 // The server's error codes for a document over the 16 MiB limit.

@@ -575,7 +575,7 @@ func rawDoc(t testing.TB, d bson.D) bson.Raw {
 }
 
 // TestServerChecks covers the version, FerretDB, collation and topology
-// checks of Setup.
+// checks of Migrate.
 func TestServerChecks(t *testing.T) {
 	info := func(version string, arr ...int32) bson.Raw {
 		d := bson.D{{Key: "version", Value: version}}
@@ -640,10 +640,10 @@ func TestServerChecks(t *testing.T) {
 	}
 }
 
-// TestSetup checks that every operation runs Setup until it succeeds
+// TestMigrate checks that every operation runs Migrate until it succeeds
 // once, that a refused server fails every operation with the reason, and
 // that the TTL index is created unless SkipIndex.
-func TestSetup(t *testing.T) {
+func TestMigrate(t *testing.T) {
 	s, m, _ := modelStore(t, nil)
 	m.info = bson.D{{Key: "version", Value: "4.4.29"}, {Key: "versionArray", Value: bson.A{int32(4), int32(4), int32(29), int32(0)}}}
 	_, err := s.Claim(bg, idempotency.ClaimRequest{Key: "k", Fingerprint: "f", Token: "t", Lease: time.Second})
@@ -668,7 +668,7 @@ func TestSetup(t *testing.T) {
 
 	s, m, _ = modelStore(t, &Options{SkipIndex: true})
 	m.hello = bson.D{{Key: "isWritablePrimary", Value: true}}
-	if err := s.Setup(bg); err != nil {
+	if err := s.Migrate(bg); err != nil {
 		t.Fatal(err)
 	}
 	if m.ttl {
@@ -680,7 +680,7 @@ func TestSetup(t *testing.T) {
 
 	s, m, _ = modelStore(t, nil)
 	m.coll = bson.D{{Key: "locale", Value: "en"}, {Key: "strength", Value: int32(1)}}
-	if err := s.Setup(bg); !errors.Is(err, ErrUnsupportedServer) {
+	if err := s.Migrate(bg); !errors.Is(err, ErrUnsupportedServer) {
 		t.Errorf("setup on a collection with a collation: %v", err)
 	}
 	ctx, cancel := context.WithCancel(bg)
@@ -736,7 +736,7 @@ func TestErrors(t *testing.T) {
 // TestRoundTrips counts the commands of each path on the model.
 func TestRoundTrips(t *testing.T) {
 	s, m, _ := modelStore(t, nil)
-	if err := s.Setup(bg); err != nil {
+	if err := s.Migrate(bg); err != nil {
 		t.Fatal(err)
 	}
 	count := func() int {

@@ -139,6 +139,12 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 	return c
 }
 
+// Key returns the value of the table's key column for storageKey's
+// record, as every adapter's Key returns the backend's key of a record,
+// for tests and operators: the storage key itself (the primary key is
+// text COLLATE "C").
+func (s *Store) Key(storageKey string) string { return storageKey }
+
 // ErrRetryable matches errors caused by a serialization failure (SQLSTATE
 // 40001) or a deadlock (40P01): the transaction they happened in is lost,
 // and running it again from the start may succeed. The error still wraps

@@ -86,7 +86,7 @@ func FuzzDecodeReplies(f *testing.F) {
 		}
 		res, err := decodeClaim(v)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "redis store: claim: ") {
+			if !strings.HasPrefix(err.Error(), "redis: claim: ") {
 				t.Fatalf("decodeClaim(%#v): error %q does not name the store", v, err)
 			}
 		} else {
@@ -105,7 +105,7 @@ func FuzzDecodeReplies(f *testing.F) {
 		}
 		st, err := decodeStuck(v)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "redis store: ") {
+			if !strings.HasPrefix(err.Error(), "redis: ") {
 				t.Fatalf("decodeStuck(%#v): error %q does not name the store", v, err)
 			}
 			return

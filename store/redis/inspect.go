@@ -32,16 +32,16 @@ func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo
 	}
 	a, ok := v.([]any)
 	if ok && len(a) == 0 {
-		return idempotency.RecordInfo{}, fmt.Errorf("%w: redis store: %q", idempotency.ErrNotFound, key)
+		return idempotency.RecordInfo{}, fmt.Errorf("%w: redis: %q", idempotency.ErrNotFound, key)
 	}
 	if !ok || len(a) != 3 {
-		return idempotency.RecordInfo{}, fmt.Errorf("redis store: inspect: unexpected reply %v", v)
+		return idempotency.RecordInfo{}, fmt.Errorf("redis: inspect: unexpected reply %v", v)
 	}
 	now, ok1 := a[0].(int64)
 	pttl, ok2 := a[1].(int64)
 	fields, ok3 := a[2].([]any)
 	if !ok1 || !ok2 || !ok3 {
-		return idempotency.RecordInfo{}, fmt.Errorf("redis store: inspect: unexpected reply %v", v)
+		return idempotency.RecordInfo{}, fmt.Errorf("redis: inspect: unexpected reply %v", v)
 	}
 	return decodeRecord(key, fields, now, pttl)
 }
@@ -65,7 +65,7 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 		return s.wrap("purge", err)
 	}
 	if v != int64(1) {
-		return fmt.Errorf("redis store: purge: unexpected reply %v", v)
+		return fmt.Errorf("redis: purge: unexpected reply %v", v)
 	}
 	return nil
 }
@@ -107,7 +107,7 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 		return nil, "", err
 	}
 	if limit <= 0 {
-		return nil, "", fmt.Errorf("%w: redis store: Stuck: limit %d is not positive", idempotency.ErrInvalidArgument, limit)
+		return nil, "", fmt.Errorf("%w: redis: Stuck: limit %d is not positive", idempotency.ErrInvalidArgument, limit)
 	}
 	pos, err := parseCursor(cursor)
 	if err != nil {
@@ -230,7 +230,7 @@ func (s *Store) stuckBatch(ctx context.Context, first position, n, want int) ([]
 // decodeStuck reads stuckScript's reply.
 func decodeStuck(v any) (stuckReply, error) {
 	bad := func() (stuckReply, error) {
-		return stuckReply{}, fmt.Errorf("redis store: stuck: unexpected reply %v", v)
+		return stuckReply{}, fmt.Errorf("redis: stuck: unexpected reply %v", v)
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) != 5 {
@@ -295,7 +295,7 @@ func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.Record
 			info.Checkpoints[name[2:]] = []byte(value)
 		}
 		if err != nil {
-			return idempotency.RecordInfo{}, fmt.Errorf("redis store: corrupt field %q of key %q: %w", name, key, err)
+			return idempotency.RecordInfo{}, fmt.Errorf("redis: corrupt field %q of key %q: %w", name, key, err)
 		}
 	}
 	switch info.State {
@@ -309,7 +309,7 @@ func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.Record
 		info.ResultSize = len(info.Result)
 		info.Checkpoints = nil
 	default:
-		return idempotency.RecordInfo{}, fmt.Errorf("redis store: key %q has state %q", key, info.State)
+		return idempotency.RecordInfo{}, fmt.Errorf("redis: key %q has state %q", key, info.State)
 	}
 	if pttl > 0 {
 		info.ExpiresIn = time.Duration(pttl) * time.Millisecond
@@ -356,7 +356,7 @@ func parseCursor(cursor string) (position, error) {
 		return position{}, nil
 	}
 	bad := func() (position, error) {
-		return position{}, fmt.Errorf("%w: redis store: Stuck: not a cursor of this store: %q", idempotency.ErrInvalidArgument, cursor)
+		return position{}, fmt.Errorf("%w: redis: Stuck: not a cursor of this store: %q", idempotency.ErrInvalidArgument, cursor)
 	}
 	b, err := base64.RawURLEncoding.DecodeString(cursor)
 	if err != nil {

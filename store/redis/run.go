@@ -37,7 +37,7 @@ func (s *Store) node(ctx context.Context, key string) (pipeliner, error) {
 	case *goredis.Conn:
 		return c, nil
 	}
-	return nil, fmt.Errorf("redis store: cannot WAIT with a %T", s.client)
+	return nil, fmt.Errorf("redis: cannot WAIT with a %T", s.client)
 }
 
 // run runs sc on keys (which share a hash tag; the first one routes the

@@ -72,10 +72,10 @@ const (
 // [Options.ReplicaTimeout]. The write was applied on the primary and may or
 // may not survive a failover; repeating the operation with the same token is
 // safe (and waits again).
-var ErrNotReplicated = errors.New("redis store: write not acknowledged by enough replicas")
+var ErrNotReplicated = errors.New("redis: write not acknowledged by enough replicas")
 
 // errNoNotify is returned by Watch when notifications are off.
-var errNoNotify = errors.New("redis store: Watch needs Options.Notify")
+var errNoNotify = errors.New("redis: Watch needs Options.Notify")
 
 // Options configure a [Store]. The zero value (and nil) means the defaults.
 type Options struct {
@@ -185,7 +185,7 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 // changes nothing for the client's other users.
 func New(client Client, opts *Options) (*Store, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: redis store: nil client", idempotency.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: redis: nil client", idempotency.ErrInvalidArgument)
 	}
 	var o Options
 	if opts != nil {
@@ -203,39 +203,39 @@ func New(client Client, opts *Options) (*Store, error) {
 		s.prefix = DefaultPrefix
 	}
 	if strings.ContainsAny(s.prefix, "{}") {
-		return nil, fmt.Errorf("%w: redis store: prefix %q contains '{' or '}'", idempotency.ErrInvalidArgument, s.prefix)
+		return nil, fmt.Errorf("%w: redis: prefix %q contains '{' or '}'", idempotency.ErrInvalidArgument, s.prefix)
 	}
 	switch {
 	case s.maxValue == 0:
 		s.maxValue = DefaultMaxValueSize
 	case s.maxValue < 0:
-		return nil, fmt.Errorf("%w: redis store: negative MaxValueSize", idempotency.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: redis: negative MaxValueSize", idempotency.ErrInvalidArgument)
 	}
 	switch {
 	case o.FenceMemory == 0:
 		s.fenceMemory = DefaultFenceMemory.Milliseconds()
 	case o.FenceMemory < time.Millisecond:
-		return nil, fmt.Errorf("%w: redis store: FenceMemory below 1ms", idempotency.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: redis: FenceMemory below 1ms", idempotency.ErrInvalidArgument)
 	default:
 		s.fenceMemory = millis(o.FenceMemory)
 	}
 	if s.replicas < 0 {
-		return nil, fmt.Errorf("%w: redis store: negative Replicas", idempotency.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: redis: negative Replicas", idempotency.ErrInvalidArgument)
 	}
 	switch {
 	case s.replicaTimeout == 0:
 		s.replicaTimeout = DefaultReplicaTimeout
 	case s.replicaTimeout < time.Millisecond:
-		return nil, fmt.Errorf("%w: redis store: ReplicaTimeout below 1ms", idempotency.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: redis: ReplicaTimeout below 1ms", idempotency.ErrInvalidArgument)
 	}
 	if s.replicas > 0 {
 		if !canWait(client) {
-			return nil, fmt.Errorf("%w: redis store: Replicas needs a *redis.Client, *redis.ClusterClient, *redis.Ring or *redis.Conn, not %T", idempotency.ErrInvalidArgument, client)
+			return nil, fmt.Errorf("%w: redis: Replicas needs a *redis.Client, *redis.ClusterClient, *redis.Ring or *redis.Conn, not %T", idempotency.ErrInvalidArgument, client)
 		}
 	}
 	if o.Notify {
 		if _, ok := client.(subscriber); !ok {
-			return nil, fmt.Errorf("%w: redis store: Notify needs a client with SSubscribe, not %T", idempotency.ErrInvalidArgument, client)
+			return nil, fmt.Errorf("%w: redis: Notify needs a client with SSubscribe, not %T", idempotency.ErrInvalidArgument, client)
 		}
 		s.notify = "1"
 	}
@@ -329,7 +329,7 @@ const fenceInfix = "\x00f"
 // index or a fence.
 func (s *Store) keys(storageKey string) ([]string, error) {
 	if strings.IndexByte(storageKey, 0) >= 0 {
-		return nil, fmt.Errorf("%w: redis store: storage key %q contains a NUL", idempotency.ErrInvalidArgument, storageKey)
+		return nil, fmt.Errorf("%w: redis: storage key %q contains a NUL", idempotency.ErrInvalidArgument, storageKey)
 	}
 	shard := shardOf(storageKey)
 	rk := s.recordKey(storageKey, shard)
@@ -342,8 +342,8 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err := ctx.Err(); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if r.Lease <= 0 || r.Grace < 0 {
-		return idempotency.ClaimResult{}, fmt.Errorf("%w: redis store: lease %v, grace %v", idempotency.ErrInvalidArgument, r.Lease, r.Grace)
+	if err := idempotency.ValidateClaim("redis", r); err != nil {
+		return idempotency.ClaimResult{}, err
 	}
 	keys, err := s.keys(r.Key)
 	if err != nil {
@@ -359,7 +359,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	}
 	if res.Outcome == idempotency.OutcomeAcquired {
 		if err := s.checkWait(waited); err != nil {
-			return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: %w", err)
+			return idempotency.ClaimResult{}, fmt.Errorf("redis: claim: %w", err)
 		}
 	}
 	return res, nil
@@ -371,7 +371,7 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 		return err
 	}
 	if lease <= 0 {
-		return fmt.Errorf("%w: redis store: lease %v", idempotency.ErrInvalidArgument, lease)
+		return fmt.Errorf("%w: redis: lease %v", idempotency.ErrInvalidArgument, lease)
 	}
 	keys, err := s.keys(key)
 	if err != nil {
@@ -387,7 +387,7 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 		return err
 	}
 	if len(value) > s.maxValue {
-		return fmt.Errorf("%w: redis store: checkpoint of %d bytes, limit %d", idempotency.ErrTooLarge, len(value), s.maxValue)
+		return fmt.Errorf("%w: redis: checkpoint of %d bytes, limit %d", idempotency.ErrTooLarge, len(value), s.maxValue)
 	}
 	keys, err := s.keys(key)
 	if err != nil {
@@ -403,10 +403,10 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 		return err
 	}
 	if len(result) > s.maxValue {
-		return fmt.Errorf("%w: redis store: result of %d bytes, limit %d", idempotency.ErrTooLarge, len(result), s.maxValue)
+		return fmt.Errorf("%w: redis: result of %d bytes, limit %d", idempotency.ErrTooLarge, len(result), s.maxValue)
 	}
 	if retention <= 0 {
-		return fmt.Errorf("%w: redis store: retention %v", idempotency.ErrInvalidArgument, retention)
+		return fmt.Errorf("%w: redis: retention %v", idempotency.ErrInvalidArgument, retention)
 	}
 	touch := "0"
 	if s.replicas > 0 {
@@ -425,7 +425,7 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 		s.retention.Store(ms)
 	}
 	if err := s.checkWait(waited); err != nil {
-		return fmt.Errorf("redis store: complete: %w", err)
+		return fmt.Errorf("redis: complete: %w", err)
 	}
 	return nil
 }
@@ -454,7 +454,7 @@ func (s *Store) done(op string, v any, err error) error {
 	case int64(0):
 		return idempotency.ErrLeaseLost
 	}
-	return fmt.Errorf("redis store: %s: unexpected reply %v", op, v)
+	return fmt.Errorf("redis: %s: unexpected reply %v", op, v)
 }
 
 // wrap names the operation on a go-redis error; context errors pass through
@@ -465,9 +465,9 @@ func (s *Store) wrap(op string, err error) error {
 		return err
 	}
 	if oldServer(err) {
-		return fmt.Errorf("redis store: %s: %w (is the server older than Redis 6.2? The store needs SET with the GET option)", op, err)
+		return fmt.Errorf("redis: %s: %w (is the server older than Redis 6.2? The store needs SET with the GET option)", op, err)
 	}
-	return fmt.Errorf("redis store: %s: %w", op, err)
+	return fmt.Errorf("redis: %s: %w", op, err)
 }
 
 // oldServer reports whether err is a Redis error raised by a syntax error
@@ -531,7 +531,7 @@ func millis(d time.Duration) int64 {
 // cannot be read must not be taken for an acquisition.
 func decodeClaim(v any) (idempotency.ClaimResult, error) {
 	bad := func(what string) (idempotency.ClaimResult, error) {
-		return idempotency.ClaimResult{}, fmt.Errorf("redis store: claim: unexpected reply (%s): %.200v", what, v)
+		return idempotency.ClaimResult{}, fmt.Errorf("redis: claim: unexpected reply (%s): %.200v", what, v)
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) < 4 {

@@ -547,7 +547,7 @@ func TestServerDown(t *testing.T) {
 	if err == nil || res.Outcome != idempotency.OutcomeUnknown || !errors.As(err, &op) {
 		t.Fatalf("claim on a stopped server: %+v, %v (%T); want an error wrapping *net.OpError", res, err, errors.Unwrap(err))
 	}
-	if !strings.HasPrefix(err.Error(), "redis store: claim: ") {
+	if !strings.HasPrefix(err.Error(), "redis: claim: ") {
 		t.Errorf("error %q does not name the operation", err)
 	}
 	for name, err := range map[string]error{

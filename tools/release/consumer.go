@@ -37,7 +37,11 @@ var (
 )
 
 func main() {
-	r, err := idempotency.New(memory.New(nil))
+	store, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	r, err := idempotency.New(store)
 	if err != nil {
 		panic(err)
 	}

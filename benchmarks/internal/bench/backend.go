@@ -136,7 +136,13 @@ func Open(ctx context.Context, backend string) (*Backend, error) {
 	var err error
 	switch backend {
 	case Memory:
-		b.newStore = func() idempotency.Store { return memory.New(nil) }
+		if _, err := memory.New(nil); err != nil {
+			return nil, err
+		}
+		b.newStore = func() idempotency.Store {
+			s, _ := memory.New(nil) // the options are checked above
+			return s
+		}
 		// At hundreds of thousands of fresh keys a second, a retention of
 		// minutes would grow the map by gigabytes per run. A short one
 		// keeps it at a steady state: the store deletes an expired record

@@ -45,7 +45,7 @@ func (b *Backend) openMongo(ctx context.Context, uri string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Setup(pctx); err != nil {
+	if err := s.Migrate(pctx); err != nil {
 		return fmt.Errorf("bench: mongo: %w", err)
 	}
 	b.records = func(ctx context.Context) (map[string]int64, error) {

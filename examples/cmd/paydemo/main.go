@@ -117,7 +117,11 @@ func open(ctx context.Context, postgresURL, redisAddr string) (*backend, error) 
 	case redisAddr != "":
 		return openRedis(ctx, redisAddr, "paydemo-"+run+":")
 	}
-	return &backend{name: "in-memory", store: memory.New(nil), lease: paydemo.DefaultLease, close: func() error { return nil }}, nil
+	store, err := memory.New(nil)
+	if err != nil {
+		return nil, err
+	}
+	return &backend{name: "in-memory", store: store, lease: paydemo.DefaultLease, close: func() error { return nil }}, nil
 }
 
 func openPostgres(ctx context.Context, url, table string) (*backend, error) {
