@@ -1,5 +1,9 @@
 package idempotency
 
+// The lease a call of Do holds while fn runs: what fn can ask of it
+// (FromContext, DownstreamKey, Step), then the holder behind them, its
+// heartbeat, and the completion or release that ends it.
+
 import (
 	"container/heap"
 	"context"
@@ -10,6 +14,138 @@ import (
 	"sync"
 	"time"
 )
+
+// Info describes the lease fn runs under. See [FromContext].
+type Info struct {
+	// Key is the client's idempotency key.
+	Key string
+	// StorageKey is the scoped key the record is stored under.
+	StorageKey string
+	// Fence strictly increases on every claim and takeover of the key:
+	// guard your own writes with it (UPDATE ... WHERE fence < $fence) so a
+	// stale holder's late write is refused.
+	Fence int64
+	// Attempt is 1 for a fresh claim and grows with every takeover.
+	Attempt int
+}
+
+// FromContext returns the lease of the [Do] call whose fn received ctx
+// (or a context derived from it).
+func FromContext(ctx context.Context) (Info, bool) {
+	if h := holderFrom(ctx); h != nil {
+		return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
+	}
+	return Info{}, false
+}
+
+// DownstreamKey derives an idempotency key for a downstream call (a payment
+// gateway, another service) from the key fn runs under: prefix, a colon,
+// and 32 hex digits of a hash of the scoped storage key. It is the same in
+// every attempt and takeover of the same request, differs across scopes
+// and prefixes, and is short enough for any gateway (Stripe allows 255).
+// Outside fn it returns an error wrapping [ErrInvalidArgument], never an
+// empty key.
+func DownstreamKey(ctx context.Context, prefix string) (string, error) {
+	info, ok := FromContext(ctx)
+	if !ok || info.StorageKey == "" {
+		return "", invalidArg("DownstreamKey called outside Do")
+	}
+	sum := sha256.Sum256([]byte(info.StorageKey))
+	return prefix + ":" + hex.EncodeToString(sum[:16]), nil
+}
+
+// Step runs one named step of fn as a recovery point. The first time, it
+// runs step and records its result under the lease; when the key is taken
+// over after a crash, the new holder's Step with the same name returns the
+// recorded result without running step again. So a payment flow of
+// phases (create the payment row, call the gateway with a downstream key,
+// record the answer) resumes where the crashed holder stopped.
+//
+// A recorded result that cannot be decoded (another codec or version, or
+// damage) gives an error matching [ErrCorrupt], and step does not run. If
+// fn returns that error (wrapped or not), [Do] neither completes nor
+// releases the record: it keeps its recovery points and stays STARTED
+// until its lease ends, listed by [Runner.Stuck], so that no retry runs
+// the step again while the record lives.
+//
+// In a transaction of the caller's ([Transactional], such as the PostgreSQL
+// adapter's DoTx), Step runs step and records nothing in the store: the
+// transaction is the recovery point, as fn's writes commit together with
+// its result or not at all. A later Step of the same name in the same call
+// still returns the first result.
+//
+// An error from step is returned and nothing is recorded, so a later
+// attempt runs the step again. If the result cannot be recorded, Step
+// returns it together with an error: [ErrLeaseLost] (fn's context is then
+// canceled) or a [*StoreError]; the step is then not a recovery point.
+// Outside fn, Step returns an error wrapping [ErrInvalidArgument] without
+// running step.
+func Step[T any](ctx context.Context, name string, step func(ctx context.Context) (T, error)) (T, error) {
+	var v T
+	h := holderFrom(ctx)
+	switch {
+	case h == nil:
+		return v, invalidArg("Step called outside Do")
+	case name == "":
+		return v, invalidArg("empty step name")
+	case step == nil:
+		return v, invalidArg("nil step")
+	}
+	r := h.r
+	h.mu.Lock()
+	b, done := h.points[name]
+	lost := h.lost
+	h.mu.Unlock()
+	if lost {
+		// A holder known to be stale must not start another effect.
+		return v, ErrLeaseLost
+	}
+	if done {
+		if err := r.cfg.codec.Unmarshal(b, &v); err != nil {
+			var zero T
+			return zero, &corruptPointError{fmt.Errorf("%w: recovery point %q: %w", ErrCorrupt, name, err)}
+		}
+		return v, nil
+	}
+	v, err := step(ctx)
+	if err != nil {
+		return v, err
+	}
+	b, err = r.cfg.codec.Marshal(v)
+	if err != nil {
+		return v, err
+	}
+	if !h.tx {
+		err = r.retry(ctx, func(ctx context.Context) error {
+			return r.store.Checkpoint(ctx, h.key, h.token, name, b)
+		})
+	}
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		h.lose(err)
+		return v, err
+	case err != nil && errors.Is(context.Cause(ctx), ErrLeaseLost):
+		// The checkpoint failed because fn was stopped for a lost lease.
+		return v, fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	case err != nil:
+		return v, &StoreError{Op: "checkpoint", Ran: true, Err: err}
+	}
+	h.mu.Lock()
+	if h.points == nil {
+		h.points = make(map[string][]byte)
+	}
+	h.points[name] = b
+	h.mu.Unlock()
+	return v, nil
+}
+
+// corruptPointError is Step's error for a recovery point it cannot
+// decode: [run] leaves the record as it is when fn returns it, since a
+// release would drop the point and let a retry run the step again.
+type corruptPointError struct{ err error }
+
+func (e *corruptPointError) Error() string { return e.err.Error() }
+func (e *corruptPointError) Unwrap() error { return e.err }
 
 // holder is the state of one acquired lease while fn runs. It is also the
 // context fn's context derives from, carrying itself as a value (see
@@ -238,138 +374,6 @@ func (h *holder) release(ctx context.Context, start mono, cause error) error {
 	r.observe(ctx, e)
 	return err
 }
-
-// Info describes the lease fn runs under. See [FromContext].
-type Info struct {
-	// Key is the client's idempotency key.
-	Key string
-	// StorageKey is the scoped key the record is stored under.
-	StorageKey string
-	// Fence strictly increases on every claim and takeover of the key:
-	// guard your own writes with it (UPDATE ... WHERE fence < $fence) so a
-	// stale holder's late write is refused.
-	Fence int64
-	// Attempt is 1 for a fresh claim and grows with every takeover.
-	Attempt int
-}
-
-// FromContext returns the lease of the [Do] call whose fn received ctx
-// (or a context derived from it).
-func FromContext(ctx context.Context) (Info, bool) {
-	if h := holderFrom(ctx); h != nil {
-		return Info{Key: h.clientKey, StorageKey: h.key, Fence: h.fence, Attempt: h.attempt}, true
-	}
-	return Info{}, false
-}
-
-// DownstreamKey derives an idempotency key for a downstream call (a payment
-// gateway, another service) from the key fn runs under: prefix, a colon,
-// and 32 hex digits of a hash of the scoped storage key. It is the same in
-// every attempt and takeover of the same request, differs across scopes
-// and prefixes, and is short enough for any gateway (Stripe allows 255).
-// Outside fn it returns an error wrapping [ErrInvalidArgument], never an
-// empty key.
-func DownstreamKey(ctx context.Context, prefix string) (string, error) {
-	info, ok := FromContext(ctx)
-	if !ok || info.StorageKey == "" {
-		return "", invalidArg("DownstreamKey called outside Do")
-	}
-	sum := sha256.Sum256([]byte(info.StorageKey))
-	return prefix + ":" + hex.EncodeToString(sum[:16]), nil
-}
-
-// Step runs one named step of fn as a recovery point. The first time, it
-// runs step and records its result under the lease; when the key is taken
-// over after a crash, the new holder's Step with the same name returns the
-// recorded result without running step again. So a payment flow of
-// phases (create the payment row, call the gateway with a downstream key,
-// record the answer) resumes where the crashed holder stopped.
-//
-// A recorded result that cannot be decoded (another codec or version, or
-// damage) gives an error matching [ErrCorrupt], and step does not run. If
-// fn returns that error (wrapped or not), [Do] neither completes nor
-// releases the record: it keeps its recovery points and stays STARTED
-// until its lease ends, listed by [Runner.Stuck], so that no retry runs
-// the step again while the record lives.
-//
-// In a transaction of the caller's ([Transactional], such as the PostgreSQL
-// adapter's DoTx), Step runs step and records nothing in the store: the
-// transaction is the recovery point, as fn's writes commit together with
-// its result or not at all. A later Step of the same name in the same call
-// still returns the first result.
-//
-// An error from step is returned and nothing is recorded, so a later
-// attempt runs the step again. If the result cannot be recorded, Step
-// returns it together with an error: [ErrLeaseLost] (fn's context is then
-// canceled) or a [*StoreError]; the step is then not a recovery point.
-// Outside fn, Step returns an error wrapping [ErrInvalidArgument] without
-// running step.
-func Step[T any](ctx context.Context, name string, step func(ctx context.Context) (T, error)) (T, error) {
-	var v T
-	h := holderFrom(ctx)
-	switch {
-	case h == nil:
-		return v, invalidArg("Step called outside Do")
-	case name == "":
-		return v, invalidArg("empty step name")
-	case step == nil:
-		return v, invalidArg("nil step")
-	}
-	r := h.r
-	h.mu.Lock()
-	b, done := h.points[name]
-	lost := h.lost
-	h.mu.Unlock()
-	if lost {
-		// A holder known to be stale must not start another effect.
-		return v, ErrLeaseLost
-	}
-	if done {
-		if err := r.cfg.codec.Unmarshal(b, &v); err != nil {
-			var zero T
-			return zero, &corruptPointError{fmt.Errorf("%w: recovery point %q: %w", ErrCorrupt, name, err)}
-		}
-		return v, nil
-	}
-	v, err := step(ctx)
-	if err != nil {
-		return v, err
-	}
-	b, err = r.cfg.codec.Marshal(v)
-	if err != nil {
-		return v, err
-	}
-	if !h.tx {
-		err = r.retry(ctx, func(ctx context.Context) error {
-			return r.store.Checkpoint(ctx, h.key, h.token, name, b)
-		})
-	}
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		h.lose(err)
-		return v, err
-	case err != nil && errors.Is(context.Cause(ctx), ErrLeaseLost):
-		// The checkpoint failed because fn was stopped for a lost lease.
-		return v, fmt.Errorf("%w: %w", ErrLeaseLost, err)
-	case err != nil:
-		return v, &StoreError{Op: "checkpoint", Ran: true, Err: err}
-	}
-	h.mu.Lock()
-	if h.points == nil {
-		h.points = make(map[string][]byte)
-	}
-	h.points[name] = b
-	h.mu.Unlock()
-	return v, nil
-}
-
-// corruptPointError is Step's error for a recovery point it cannot
-// decode: [run] leaves the record as it is when fn returns it, since a
-// release would drop the point and let a retry run the step again.
-type corruptPointError struct{ err error }
-
-func (e *corruptPointError) Error() string { return e.err.Error() }
-func (e *corruptPointError) Unwrap() error { return e.err }
 
 // heartbeats schedules the lease renewals of all of a runner's holders on
 // one timer. A timer per call would cost two allocations and a timer

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/exactlyonce/idempotency v0.1.0
 	github.com/exactlyonce/idempotency/grpcidem v0.1.0
+	github.com/exactlyonce/idempotency/otelidem v0.1.0
 	github.com/exactlyonce/idempotency/store/postgres v0.1.0
 	github.com/exactlyonce/idempotency/store/redis v0.1.0
 	github.com/gin-gonic/gin v1.12.0
@@ -12,6 +13,9 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.opentelemetry.io/otel/sdk v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	go.opentelemetry.io/otel/trace v1.47.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -68,3 +72,5 @@ replace (
 	github.com/exactlyonce/idempotency/store/postgres => ../store/postgres
 	github.com/exactlyonce/idempotency/store/redis => ../store/redis
 )
+
+replace github.com/exactlyonce/idempotency/otelidem => ../otelidem

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -416,5 +417,58 @@ func TestConfigRefused(t *testing.T) {
 		if i != nil || !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("client, %s: %v, want ErrInvalidArgument naming %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestCorruptRecord: a completed record whose stored answer cannot be read
+// (another codec, damage) is answered DataLoss with reason
+// IDEMPOTENCY_RESULT_CORRUPT, the handler never runs, and the client
+// interceptor does not retry it: a retry with the same key can never
+// succeed. (HTTP answers the same outcome 500, ProblemResultCorrupt.)
+func TestCorruptRecord(t *testing.T) {
+	store := memStore(nil)
+	r := newRunner(t, store)
+	p, addr := start(t, r)
+	req := &testpb.PayRequest{Amount: 5}
+	fp, err := grpcidem.DefaultFingerprint(testpb.Payments_Pay_FullMethodName, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, stored := range map[string][]byte{
+		"unknown kind":              []byte("?garbage"),
+		"undecodable value":         []byte(`v{"not json`),
+		"not an answer":             []byte("b\x00\x01not a stored answer"),
+		"a stored error (not ours)": []byte(`e"declined"`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			key := "corrupt-" + strings.ReplaceAll(name, " ", "-")
+			skey, err := r.StorageKey(idempotency.Request{Key: key, Fingerprint: fp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cr, err := store.Claim(t.Context(), idempotency.ClaimRequest{Key: skey, Fingerprint: fp, Token: "old", Lease: time.Minute}); err != nil || cr.Outcome != idempotency.OutcomeAcquired {
+				t.Fatalf("seed claim: %+v %v", cr, err)
+			}
+			if err := store.Complete(t.Context(), skey, "old", stored, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			var attempts atomic.Int64
+			count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				attempts.Add(1)
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})
+			c := dial(t, addr, retrying(t), count)
+			_, err = c.Pay(keyed(key), req)
+			wantErr(t, err, codes.DataLoss, grpcidem.ReasonResultCorrupt)
+			if d, ok := grpcidem.RetryDelay(err); ok {
+				t.Errorf("a corrupt record's answer carries a retry delay (%v): it must never be retried", d)
+			}
+			if n := attempts.Load(); n != 1 {
+				t.Errorf("the client interceptor sent %d attempts for a corrupt record, want 1", n)
+			}
+			if p.runs.Load() != 0 {
+				t.Errorf("the handler ran %d times for a completed record", p.runs.Load())
+			}
+		})
 	}
 }
