@@ -159,11 +159,9 @@ type holder struct {
 	token     Token
 	fence     int64
 	attempt   int
-	// tx: the call runs in a transaction of the caller's (see
-	// [Transactional]): no heartbeat, no recovery points, one attempt per
-	// store call (attempts).
-	tx       bool
-	attempts int
+	// attempts bounds each store call's attempts: the runner's, or 1 in a
+	// transaction.
+	attempts int32
 	cancel   context.CancelCauseFunc
 	after    boundedCtx // the context of the store calls after fn
 	// afterAttempt is the context of the first attempt of the store call
@@ -176,10 +174,14 @@ type holder struct {
 	// retry run the effect again when it may have happened).
 	leaveOnPanic     bool
 	afterAttemptUsed bool
-	stopped          bool // guarded by mu
-	lost             bool // guarded by mu: the heartbeat lost the lease and canceled fn
-	mu               sync.Mutex
-	points           map[string][]byte // recovery points: handed over, then made here
+	// tx: the call runs in a transaction of the caller's (see
+	// [Transactional]): no heartbeat, no recovery points, one attempt per
+	// store call.
+	tx      bool
+	stopped bool // guarded by mu
+	lost    bool // guarded by mu: the heartbeat lost the lease and canceled fn
+	mu      sync.Mutex
+	points  map[string][]byte // recovery points: handed over, then made here
 	// next is when the next renewal is due, and index the holder's place
 	// in its runner's heartbeat queue (-1: not queued). Guarded by the
 	// queue's lock.
@@ -339,7 +341,7 @@ func (h *holder) wasLost() bool {
 
 func (h *holder) complete(ctx context.Context, stored []byte) error {
 	r := h.r
-	return r.retryIn(ctx, h.attemptStorage(), h.attempts, func(ctx context.Context) error {
+	return r.retryIn(ctx, h.attemptStorage(), int(h.attempts), func(ctx context.Context) error {
 		return r.store.Complete(ctx, h.key, h.token, stored, r.cfg.retention)
 	})
 }
@@ -360,7 +362,7 @@ func (h *holder) attemptStorage() *boundedCtx {
 // error, already observed.
 func (h *holder) release(ctx context.Context, start mono, cause error) error {
 	r := h.r
-	err := r.retryIn(ctx, h.attemptStorage(), h.attempts, func(ctx context.Context) error {
+	err := r.retryIn(ctx, h.attemptStorage(), int(h.attempts), func(ctx context.Context) error {
 		return r.store.Release(ctx, h.key, h.token)
 	})
 	e := Event{Outcome: OutcomeReleased, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: cause}

@@ -244,7 +244,7 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 			ev.Outcome = OutcomeAcquired
 			r.observe(ctx, ev)
 			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, token: claimReq.Token,
-				fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, tx: tx, attempts: attempts}
+				fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, tx: tx, attempts: int32(attempts)}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
 			res.Replayed = true

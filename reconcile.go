@@ -198,7 +198,7 @@ func reconcileOne[T any](ctx context.Context, r *Runner, info RecordInfo, resolv
 	}
 	r.observe(ctx, Event{Outcome: OutcomeAcquired, Key: info.Key, Scope: scope, Fence: cr.Fence, Attempt: cr.Attempt, Duration: start.since()})
 	h := &holder{parent: ctx, r: r, key: info.Key, scope: scope, clientKey: key, token: claim.Token,
-		fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, attempts: r.cfg.storeAttempts, leaveOnPanic: true}
+		fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, attempts: int32(r.cfg.storeAttempts), leaveOnPanic: true}
 	var kind resolutionKind
 	_, err = run(ctx, h, start, Result[T]{}, func(ctx context.Context) (T, error) {
 		var zero T

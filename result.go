@@ -134,16 +134,22 @@ func isBytes[T any]() bool {
 // decode (written by another codec, or damaged). A []byte value may share
 // memory with stored.
 func decodeOutcome[T any](r *Runner, stored []byte) (T, Outcome, error) {
-	var v T
 	kind, payload, err := decodeResult(stored)
+	if err == nil && kind == resultBytes && isBytes[T]() {
+		return any(payload).(T), OutcomeReplay, nil // without the codec's allocations
+	}
+	return decodeValue[T](r, kind, payload, err)
+}
+
+// decodeValue is decodeOutcome's path through the codec, a function of
+// its own so that the bytes' path above allocates nothing.
+func decodeValue[T any](r *Runner, kind byte, payload []byte, err error) (T, Outcome, error) {
+	var v T
 	if err != nil {
 		return v, OutcomeCorrupt, err
 	}
 	switch kind {
 	case resultBytes:
-		if isBytes[T]() {
-			return any(payload).(T), OutcomeReplay, nil // without the codec's allocations
-		}
 		// Stored from a []byte, read as another type: decode what the
 		// codec would have stored.
 		enc, err := r.cfg.codec.Marshal(payload)
