@@ -156,9 +156,11 @@ type holder struct {
 	key       string   // storage key
 	scope     []string // the request's scope parts, for events
 	clientKey string
-	token     Token
-	fence     int64
-	attempt   int
+	// fingerprint is the request's, for the replay cache.
+	fingerprint Fingerprint
+	token       Token
+	fence       int64
+	attempt     int
 	// attempts bounds each store call's attempts: the runner's, or 1 in a
 	// transaction.
 	attempts int32

@@ -230,6 +230,12 @@ type ClaimResult struct {
 	RetryAfter time.Duration
 	// Result is the stored result, for OutcomeReplay.
 	Result []byte
+	// ExpiresIn is, for OutcomeReplay, the time left before the record
+	// expires, by the store's clock, when the store knows it without
+	// another round trip; zero when it does not say. It is optional: [Do]
+	// then neither caches the replay ([WithReplayCache]) nor tells when
+	// the record expires (Result.ExpiresAt).
+	ExpiresIn time.Duration
 	// Checkpoints are the recovery points of the record, for
 	// OutcomeAcquired by takeover or by a repeated claim. Empty otherwise.
 	Checkpoints map[string][]byte

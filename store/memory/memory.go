@@ -277,6 +277,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	case rec.completed:
 		res.Outcome = idempotency.OutcomeReplay
 		res.Result = clone(rec.result)
+		res.ExpiresIn = rec.expires.sub(now)
 	case rec.token() == r.Token:
 		// A repeated claim whose reply was lost: same fence, lease anew.
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
@@ -316,15 +317,19 @@ func (s *Store) replay(h uint64, r idempotency.ClaimRequest) (idempotency.ClaimR
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	rec := s.getLocked(h, r.Key)
-	if rec == nil || !rec.completed || rec.fingerprint() != r.Fingerprint ||
-		s.clock() >= rec.expires {
+	if rec == nil || !rec.completed || rec.fingerprint() != r.Fingerprint {
+		return idempotency.ClaimResult{}, false
+	}
+	now := s.clock()
+	if now >= rec.expires {
 		return idempotency.ClaimResult{}, false
 	}
 	return idempotency.ClaimResult{
-		Outcome: idempotency.OutcomeReplay,
-		Fence:   rec.fence,
-		Attempt: rec.attempt,
-		Result:  clone(rec.result),
+		Outcome:   idempotency.OutcomeReplay,
+		Fence:     rec.fence,
+		Attempt:   rec.attempt,
+		Result:    clone(rec.result),
+		ExpiresIn: rec.expires.sub(now),
 	}, true
 }
 
