@@ -854,8 +854,10 @@ func TestPermanentErrorWithUnstorableMessage(t *testing.T) {
 func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
 	// Each renewal takes a quarter of the lease, most of the store
 	// timeout (a third of the lease, the longest allowed), but succeeds:
-	// fn must not be stopped, since the lease is held all along.
-	const lease = time.Second
+	// fn must not be stopped, since the lease is held all along. A lease of
+	// 3 s leaves each renewal 250 ms of scheduling slack on a loaded
+	// machine (1 s left 83 ms, which two busy cores exceeded).
+	const lease = 3 * time.Second
 	s := &renewStore{Store: memStore(nil), mode: "slow"}
 	r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {
