@@ -348,6 +348,20 @@ func (h *holder) complete(ctx context.Context, stored []byte) error {
 	})
 }
 
+// completed notes that the record was completed with stored, by a
+// Complete sent at sent: it returns when the record expires (its retention
+// counts from after sent), and keeps the record in the replay cache, but
+// in a transaction, whose completion may yet roll back.
+func (h *holder) completed(stored []byte, sent mono) time.Time {
+	r := h.r
+	expiry := sent.add(r.cfg.retention)
+	if r.cache != nil && !h.tx {
+		r.cache.put(&cached{key: h.key, fingerprint: h.fingerprint, stored: stored,
+			fence: h.fence, attempt: h.attempt, expires: expiry.time()}, expiry)
+	}
+	return expiry.time()
+}
+
 // attemptStorage returns the holder's storage for the context of a store
 // attempt the first time, then nil: a context handed to a store is never
 // reused, as the store may still hold it (a watch it has not stopped).

@@ -262,16 +262,7 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 				fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, tx: tx, attempts: int32(attempts)}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
-			res.Replayed = true
-			res.Value, res.Outcome, err = decodeOutcome[T](r, cr.Result)
-			if cr.ExpiresIn > 0 {
-				expiry := start.add(cr.ExpiresIn)
-				res.ExpiresAt = expiry.time()
-				if r.cache != nil && res.Outcome != OutcomeCorrupt {
-					r.cache.put(&cached{key: key, fingerprint: req.Fingerprint, stored: cr.Result,
-						fence: cr.Fence, attempt: cr.Attempt, expires: res.ExpiresAt}, expiry)
-				}
-			}
+			err = replayClaim(r, &res, start, key, req.Fingerprint, cr)
 			ev.Outcome, ev.Err = res.Outcome, err
 			r.observe(ctx, ev)
 			return res, err
@@ -293,6 +284,24 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 			return res, err
 		}
 	}
+}
+
+// replayClaim makes res the replay of the completed record a claim found
+// (starting at start), keeps it in the replay cache when the store said
+// when it expires, and returns the replayed error, if any.
+func replayClaim[T any](r *Runner, res *Result[T], start mono, key string, fp Fingerprint, cr ClaimResult) error {
+	var err error
+	res.Replayed = true
+	res.Value, res.Outcome, err = decodeOutcome[T](r, cr.Result)
+	if cr.ExpiresIn > 0 {
+		expiry := start.add(cr.ExpiresIn)
+		res.ExpiresAt = expiry.time()
+		if r.cache != nil && res.Outcome != OutcomeCorrupt {
+			r.cache.put(&cached{key: key, fingerprint: fp, stored: cr.Result,
+				fence: cr.Fence, attempt: cr.Attempt, expires: res.ExpiresAt}, expiry)
+		}
+	}
+	return err
 }
 
 // replayCached answers a call from the replay cache: the record's stored
@@ -453,12 +462,7 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 		return res, &StoreError{Op: "complete", Ran: true, Err: err}
 	}
 	res.Outcome = OutcomeCompleted
-	expiry := sent.add(r.cfg.retention)
-	res.ExpiresAt = expiry.time()
-	if r.cache != nil && !h.tx { // a transaction's completion may yet roll back
-		r.cache.put(&cached{key: h.key, fingerprint: h.fingerprint, stored: stored,
-			fence: h.fence, attempt: h.attempt, expires: res.ExpiresAt}, expiry)
-	}
+	res.ExpiresAt = h.completed(stored, sent)
 	if r.cfg.observer != nil {
 		r.observe(ctx, Event{Outcome: OutcomeCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: encErr})
 	}

@@ -219,8 +219,33 @@ var (
 // contract: it watches, sweeps and inspects, and keeps values up to
 // [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s,
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
+}
+
+// ClaimBatch claims each request as [Store.Claim] does: with no round
+// trip to save, it is the reference of [idempotency.Batcher], item by
+// item.
+func (s *Store) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
+	results, errs := make([]idempotency.ClaimResult, len(reqs)), make([]error, len(reqs))
+	for i, r := range reqs {
+		results[i], errs[i] = s.Claim(ctx, r)
+	}
+	return results, errs
+}
+
+// FinishBatch completes or releases each item as [Store.Complete] and
+// [Store.Release] do.
+func (s *Store) FinishBatch(ctx context.Context, items []idempotency.Finish) []error {
+	errs := make([]error, len(items))
+	for i, f := range items {
+		if f.Release {
+			errs[i] = s.Release(ctx, f.Key, f.Token)
+		} else {
+			errs[i] = s.Complete(ctx, f.Key, f.Token, f.Result, f.Retention)
+		}
+	}
+	return errs
 }
 
 // Key returns the key under which the store keeps storageKey's record,
