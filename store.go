@@ -352,8 +352,10 @@ func CapabilitiesOf(s Store) Capabilities {
 // as Complete or Release does, conditional on the item's token. Items are
 // independent: one's failure or refusal never changes another's outcome,
 // and a repeat of a batch with the same tokens (after an ambiguous error)
-// is safe item by item (rule 4). A batch larger than the backend takes in
-// one operation is split by the store, or declared in [Limits] MaxBatch.
+// is safe item by item (rule 4). The keys of one batch are distinct
+// ([DoBatch] sends each storage key once). A batch larger than the backend
+// takes in one operation is split by the store, or declared in [Limits]
+// MaxBatch.
 type Batcher interface {
 	// ClaimBatch claims each request. It returns one result and one error
 	// per request, in order; errs[i] is what Claim would have returned for
