@@ -93,6 +93,12 @@ func (r *Runner) Store() Store { return r.store }
 // (an adapter's transaction begin and commit).
 func (r *Runner) StoreTimeout() time.Duration { return r.cfg.storeTimeout }
 
+// Wait returns how long a concurrent duplicate waits for the first call
+// (see [WithWait]); 0 means it does not wait. An executor that runs calls
+// in transactions of its own reads it to wait between them, as [Do] does
+// not wait inside a transaction (see [Transactional]).
+func (r *Runner) Wait() time.Duration { return r.cfg.wait }
+
 // Result is what [Do] returns, also alongside an error: it says how the
 // call ended, in the words every edge answers from.
 type Result[T any] struct {
@@ -277,7 +283,9 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 		ev.Outcome = OutcomeInProgress
 		r.observe(ctx, ev)
 		left := time.Until(waitUntil)
-		if r.cfg.wait <= 0 || left <= 0 {
+		if r.cfg.wait <= 0 || left <= 0 || tx {
+			// In a transaction a wait would hold it, and its connection,
+			// for the length of the other call (see Transactional).
 			return res, &InProgressError{RetryAfter: cr.RetryAfter}
 		}
 		if err := r.awaitChange(ctx, key, min(left, max(cr.RetryAfter, time.Millisecond)), &poll); err != nil {

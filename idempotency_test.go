@@ -317,17 +317,7 @@ func TestUnstorableSuccessNeverRerun(t *testing.T) {
 func TestWaitReturnsInFlightResult(t *testing.T) {
 	r, _, _ := newRunner(t, idempotency.WithWait(10*time.Second))
 	ctx := context.Background()
-	started, release := make(chan struct{}), make(chan struct{})
-	first := make(chan error, 1)
-	go func() {
-		_, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (string, error) {
-			close(started)
-			<-release
-			return "result", nil
-		})
-		first <- err
-	}()
-	<-started
+	release, first := holdKey(r, "k")
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -341,7 +331,7 @@ func TestWaitReturnsInFlightResult(t *testing.T) {
 		})
 	}
 	time.Sleep(20 * time.Millisecond) // let the waiters block (not needed for correctness)
-	close(release)
+	release()
 	wg.Wait()
 	if err := <-first; err != nil {
 		t.Fatal(err)

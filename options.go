@@ -175,7 +175,9 @@ func WithGrace(d time.Duration) Option {
 // finish and then return its result (or run fn itself if the first call
 // released the key), instead of failing at once with [ErrInProgress].
 // Stores that implement [Watcher] wake the waiter; others are polled.
-// Default: 0, no waiting.
+// In a transaction of the caller's ([Transactional]) Do does not wait: it
+// answers ErrInProgress, and the transaction's owner may wait between
+// transactions ([Runner.Wait]). Default: 0, no waiting.
 func WithWait(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.wait = d })
 }

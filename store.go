@@ -397,7 +397,12 @@ type Finish struct {
 //   - [Step] records no recovery point: there is no partial progress to
 //     resume, as fn's writes commit with its result or not at all;
 //   - before a permanent error is recorded, Discard undoes the writes fn
-//     made since the claim, so that the error is stored without them.
+//     made since the claim, so that the error is stored without them;
+//   - a duplicate is never waited for inside the transaction ([WithWait]):
+//     Do answers [ErrInProgress] at once, since a wait would hold the
+//     transaction, and its connection, for the length of another call.
+//     Whoever owns the transaction may end it and try again in a new one
+//     (the PostgreSQL adapter's TxExecutor does, within [Runner.Wait]).
 type Transactional interface {
 	// InTx reports whether the store's calls with ctx run in a
 	// transaction of the caller's.
