@@ -290,3 +290,23 @@ func TestConfigurationRefused(t *testing.T) {
 		}
 	}
 }
+
+// An attempt that times out is retried with the same key while the tool
+// goes on running; the retry waits for it and gets its result.
+func TestClientAttemptTimeout(t *testing.T) {
+	b := newBank()
+	b.hold = make(chan struct{})
+	time.AfterFunc(300*time.Millisecond, func() { close(b.hold) })
+	var n attempts
+	cs := connect(t, newServer(t, b, newRunner(t, memStore(nil)), mcpidem.WithSharedKeySpace(),
+		mcpidem.WithMaxRetryAfter(50*time.Millisecond)),
+		clientMW(t, mcpidem.WithAttemptTimeout(100*time.Millisecond), mcpidem.WithMaxAttempts(50)), n.middleware)
+	res, err := cs.CallTool(context.Background(), keyed("charge", "", map[string]any{"amount": 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !replayed(res) || b.charges.Load() != 1 || n.n.Load() < 2 {
+		t.Errorf("replayed %v, %d charges, %d attempts; want the first attempt's result replayed after a retry, one charge",
+			replayed(res), b.charges.Load(), n.n.Load())
+	}
+}

@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/exactlyonce/idempotency"
 
 	"github.com/exactlyonce/idempotency/mcpidem"
 )
@@ -353,5 +357,57 @@ func TestScopeIsolationBetweenUsers(t *testing.T) {
 	wantError(t, err, mcpidem.CodeScopeRejected, mcpidem.ReasonScopeRejected)
 	if b.runs.Load() != 2 {
 		t.Errorf("%d runs, want 2", b.runs.Load())
+	}
+}
+
+// A result that asks the client for input (multi round-trip) is not
+// stored: the call that carries the input runs the tool under the same
+// key, and its result is the one stored and replayed.
+func TestInputRequiredIsNotStored(t *testing.T) {
+	b := newBank()
+	s := newServer(t, b, newRunner(t, memStore(nil)), mcpidem.WithSharedKeySpace())
+	mcp.AddTool(s, &mcp.Tool{Name: "confirm_charge"}, func(ctx context.Context, req *mcp.CallToolRequest, in chargeIn) (*mcp.CallToolResult, chargeOut, error) {
+		if len(req.Params.InputResponses) == 0 {
+			return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{
+				Message:         fmt.Sprintf("charge %d?", in.Amount),
+				RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"ok": map[string]any{"type": "boolean"}}},
+			}}}, chargeOut{}, nil
+		}
+		if r, ok := req.Params.InputResponses["confirm"].(*mcp.ElicitResult); !ok || r.Action != "accept" {
+			return nil, chargeOut{}, idempotency.Permanent(errors.New("not confirmed"))
+		}
+		return b.charge(ctx, req, in)
+	})
+	var asked atomic.Int64
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(context.Background(), st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked.Add(1)
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
+		}})
+	cs, err := c.Connect(context.Background(), ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	for i := range 2 {
+		res, err := cs.CallTool(context.Background(), keyed("confirm_charge", "k", map[string]any{"amount": 8}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := out(t, res); o.Charge != 1 || replayed(res) != (i == 1) {
+			t.Errorf("call %d: %+v, replayed %v", i, o, replayed(res))
+		}
+	}
+	if asked.Load() != 1 || b.charges.Load() != 1 || b.runs.Load() != 1 {
+		t.Errorf("%d confirmations asked, %d charges, %d runs of charge; want 1, 1, 1", asked.Load(), b.charges.Load(), b.runs.Load())
+	}
+	if mcpidem.Stored(&mcp.CallToolResult{InputRequests: mcp.InputRequestMap{}}) {
+		t.Error("Stored: true for a result with input requests (load shedding)")
 	}
 }
