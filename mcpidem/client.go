@@ -64,11 +64,11 @@ type clientOptionFunc func(*clientConfig)
 func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
 
 type clientConfig struct {
-	keyMeta, replayMeta string
-	tools               map[string]bool // nil: every tool
-	badTool             bool
-	attemptTimeout      time.Duration
-	backoff             edge.Backoff
+	keyMeta        string
+	tools          map[string]bool // nil: every tool
+	badTool        bool
+	attemptTimeout time.Duration
+	backoff        edge.Backoff
 }
 
 // WithMaxAttempts bounds the attempts per call, the first included.
@@ -114,11 +114,12 @@ func WithClientTools(tools ...string) ClientOption {
 	})
 }
 
-// WithClientMeta sets the _meta entries of the idempotency key and of the
-// replay mark, which must be the server's ([WithKeyMeta],
-// [WithReplayMeta]). Default: [DefaultKeyMeta], [DefaultReplayMeta].
-func WithClientMeta(key, replay string) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.keyMeta, c.replayMeta = key, replay })
+// WithClientKeyMeta sets the entry of a request's _meta that carries the
+// idempotency key, which must be the server's ([WithKeyMeta]). Default:
+// [DefaultKeyMeta]. (The client needs no replay mark: it never retries a
+// result, and an error answer that is replayed says so in its data.)
+func WithClientKeyMeta(name string) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.keyMeta = name })
 }
 
 // ClientMiddleware returns an MCP client middleware (for
@@ -158,7 +159,7 @@ func WithClientMeta(key, replay string) ClientOption {
 // ClientMiddleware returns an error wrapping
 // [idempotency.ErrInvalidArgument] for an invalid option.
 func ClientMiddleware(opts ...ClientOption) (mcp.Middleware, error) {
-	c := &clientConfig{keyMeta: DefaultKeyMeta, replayMeta: DefaultReplayMeta}
+	c := &clientConfig{keyMeta: DefaultKeyMeta}
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalidArg("nil option")
@@ -168,9 +169,7 @@ func ClientMiddleware(opts ...ClientOption) (mcp.Middleware, error) {
 	c.backoff = c.backoff.Defaults()
 	switch {
 	case !validMetaKey(c.keyMeta):
-		return nil, invalidArg("WithClientMeta: invalid key _meta entry %q", c.keyMeta)
-	case !validMetaKey(c.replayMeta):
-		return nil, invalidArg("WithClientMeta: invalid replay _meta entry %q", c.replayMeta)
+		return nil, invalidArg("WithClientKeyMeta: invalid _meta key %q", c.keyMeta)
 	case c.badTool:
 		return nil, invalidArg("WithClientTools: an empty tool name")
 	case c.tools != nil && len(c.tools) == 0:

@@ -281,7 +281,7 @@ func TestConfigurationRefused(t *testing.T) {
 		{"elapsed", []mcpidem.ClientOption{mcpidem.WithMaxElapsed(-time.Second)}, "WithMaxElapsed"},
 		{"backoff", []mcpidem.ClientOption{mcpidem.WithBackoff(time.Second, time.Millisecond)}, "WithBackoff"},
 		{"attempt timeout", []mcpidem.ClientOption{mcpidem.WithAttemptTimeout(-1)}, "WithAttemptTimeout"},
-		{"meta", []mcpidem.ClientOption{mcpidem.WithClientMeta("k", "")}, "WithClientMeta"},
+		{"meta", []mcpidem.ClientOption{mcpidem.WithClientKeyMeta("key/")}, "WithClientKeyMeta"},
 		{"tools", []mcpidem.ClientOption{mcpidem.WithClientTools()}, "WithClientTools"},
 	} {
 		_, err := mcpidem.ClientMiddleware(tc.opts...)
@@ -308,5 +308,24 @@ func TestClientAttemptTimeout(t *testing.T) {
 	if !replayed(res) || b.charges.Load() != 1 || n.n.Load() < 2 {
 		t.Errorf("replayed %v, %d charges, %d attempts; want the first attempt's result replayed after a retry, one charge",
 			replayed(res), b.charges.Load(), n.n.Load())
+	}
+}
+
+// A server and client configured with another _meta entry for the key
+// agree; a client on the default entry sends no key the server reads.
+func TestCustomKeyMeta(t *testing.T) {
+	b := newBank()
+	s := newServer(t, b, newRunner(t, memStore(nil)), mcpidem.WithSharedKeySpace(), mcpidem.WithKeyMeta("com.example/op-id"))
+	ctx := mcpidem.WithKey(context.Background(), "intent-9")
+	cs := connect(t, s, clientMW(t, mcpidem.WithClientKeyMeta("com.example/op-id")))
+	for range 2 {
+		if _, err := cs.CallTool(ctx, keyed("charge", "", map[string]any{"amount": 2})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := connect(t, s, clientMW(t)).CallTool(ctx, keyed("charge", "", map[string]any{"amount": 2}))
+	wantError(t, err, mcpidem.CodeKeyMissing, mcpidem.ReasonKeyMissing)
+	if b.charges.Load() != 1 {
+		t.Errorf("%d charges, want 1", b.charges.Load())
 	}
 }
