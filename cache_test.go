@@ -212,15 +212,15 @@ func TestReplayCacheBounded(t *testing.T) {
 	wg.Wait()
 }
 
-// txStore runs every call as in a transaction of the caller's, to check
+// alwaysTxStore runs every call as in a transaction of the caller's, to check
 // what the core does there.
-type txStore struct{ *countingStore }
+type alwaysTxStore struct{ *countingStore }
 
-func (s txStore) Capabilities() idempotency.Capabilities {
+func (s alwaysTxStore) Capabilities() idempotency.Capabilities {
 	return idempotency.Capabilities{Transactional: s}
 }
-func (txStore) InTx(context.Context) bool                                { return true }
-func (txStore) Discard(context.Context, string, idempotency.Token) error { return nil }
+func (alwaysTxStore) InTx(context.Context) bool                                { return true }
+func (alwaysTxStore) Discard(context.Context, string, idempotency.Token) error { return nil }
 
 // TestReplayCacheNotFilledInATransaction: a completion in a transaction
 // may yet roll back, so it is not cached; and the option is refused with
@@ -228,7 +228,7 @@ func (txStore) Discard(context.Context, string, idempotency.Token) error { retur
 func TestReplayCacheNotFilledInATransaction(t *testing.T) {
 	ctx := context.Background()
 	s := &countingStore{Store: memStore(nil)}
-	r := cachedRunner(t, txStore{s}, 1<<20, time.Minute)
+	r := cachedRunner(t, alwaysTxStore{s}, 1<<20, time.Minute)
 	req := idempotency.Request{Key: "tx"}
 	if res, err := idempotency.Do(ctx, r, req, func(context.Context) (int, error) { return 1, nil }); err != nil || res.Outcome != idempotency.OutcomeCompleted {
 		t.Fatalf("%+v, %v", res, err)
