@@ -280,7 +280,7 @@ func (s *Store) decodeStuck(v any) (stuckReply, error) {
 // decodeRecord reads a record's fields (HGETALL) into a RecordInfo, with
 // the server's now and the record's PTTL, both in ms.
 func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.RecordInfo, error) {
-	info := idempotency.RecordInfo{Key: key}
+	info := idempotency.RecordInfo{Key: key, Attempt: 1} // a is absent for 1
 	var lease int64
 	hasResult := false
 	for i := 0; i+1 < len(fields); i += 2 {
@@ -294,9 +294,10 @@ func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.Record
 			info.Fence, err = strconv.ParseInt(value, 10, 64)
 		case name == "a":
 			info.Attempt, err = strconv.Atoi(value)
-		case name == "l":
+		case name == "l": // "<deadline>:<grace>:<m>"
 			info.State = idempotency.StateStarted
-			lease, err = strconv.ParseInt(value, 10, 64)
+			deadline, _, _ := strings.Cut(value, ":")
+			lease, err = strconv.ParseInt(deadline, 10, 64)
 		case name == "r":
 			hasResult = true
 			info.Result = []byte(value)

@@ -7,12 +7,12 @@ import goredis "github.com/redis/go-redis/v9"
 //	f    fingerprint, in the form of encodeFingerprint
 //	t    token of the current holder
 //	n    fence, a decimal integer
-//	a    attempt: 1 for a fresh claim, one more for every takeover
-//	l    lease deadline, Unix ms by the server's clock (STARTED only: a
-//	     record with l is STARTED)
-//	g    grace in ms, so that Renew can recompute the expiry (STARTED only)
-//	m    the retention in ms the shard's fence mark already covers
-//	     (STARTED only; see below)
+//	a    attempt, one more for every takeover; absent for 1 (a fresh claim)
+//	l    "<deadline>:<grace>:<m>" (STARTED only: a record with l is
+//	     STARTED): the lease deadline, Unix ms by the server's clock; the
+//	     grace in ms, so that Renew can recompute the expiry; m, the
+//	     retention in ms the shard's fence mark already covers (see below).
+//	     One field rather than three: a fresh claim writes four fields.
 //	c    "1" when the record has checkpoints (STARTED only)
 //	c:*  checkpoints, "c:" followed by the checkpoint's name (STARTED only)
 //	r    result (COMPLETED only: a record with r is COMPLETED)
@@ -71,8 +71,8 @@ local function clock(skew)
   return math.floor(us / 1000), us
 end
 local function parse(v)
-  local i = string.find(v, ':', 1, true)
-  return tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+  local a, b = string.match(v, '^(%d+):(%d+)')
+  return tonumber(a), tonumber(b)
 end
 local function mark(hk, fence, expiry, now)
   local v = redis.call('SET', hk, fmt(fence) .. ':' .. fmt(expiry), 'PX', fmt(expiry - now), 'GET')
@@ -110,8 +110,8 @@ end
 var claimScript = goredis.NewScript(`
 local h = redis.call('HMGET', KEYS[1], 'f', 't', 'n', 'a', 'l', 'r')
 if h[1] then
-  if h[1] ~= ARGV[1] then return {4, tonumber(h[3]), tonumber(h[4]), ''} end
-  if h[6] then return {2, tonumber(h[3]), tonumber(h[4]), h[6]} end
+  if h[1] ~= ARGV[1] then return {4, tonumber(h[3]), tonumber(h[4] or 1), ''} end
+  if h[6] then return {2, tonumber(h[3]), tonumber(h[4] or 1), h[6]} end
   if not h[5] then return redis.error_reply('corrupt record: neither lease nor result') end
 end
 ` + nowLua + `
@@ -123,24 +123,23 @@ if not h[1] then
   -- the server's clock in µs, or one more than the shard's mark when the
   -- clock is not above it.
   local fence = mark(KEYS[2], us, keep, now)
-  redis.call('HSET', k, 'f', ARGV[1], 't', ARGV[2], 'n', fmt(fence), 'a', 1,
-    'l', now + lease, 'g', grace, 'm', ARGV[5])
+  redis.call('HSET', k, 'f', ARGV[1], 't', ARGV[2], 'n', fmt(fence), 'l', (now + lease) .. ':' .. grace .. ':' .. ARGV[5])
   redis.call('PEXPIRE', k, lease + grace)
   return {1, fence, 1, ''}
 end
-local fence, attempt = tonumber(h[3]), tonumber(h[4])
+local fence, attempt = tonumber(h[3]), tonumber(h[4] or 1)
 -- A takeover, or a repeated claim by the same holder whose reply was lost:
 -- the lease restarts from now and the checkpoints are handed over.
-local set = {'l', now + lease, 'g', grace, 'm', ARGV[5]}
+local set = {'l', (now + lease) .. ':' .. grace .. ':' .. ARGV[5]}
 if h[2] ~= ARGV[2] then
-  local deadline = tonumber(h[5])
+  local deadline = tonumber(string.match(h[5], '^%d+'))
   if deadline > now then return {3, fence, attempt, deadline - now} end
   -- Takeover of an expired lease: a greater fence, one more attempt.
   local nf = us
   if nf <= fence then nf = fence + 1 end
   fence = mark(KEYS[2], nf, keep, now)
   attempt = attempt + 1
-  set[7], set[8], set[9], set[10], set[11], set[12] = 't', ARGV[2], 'n', fmt(fence), 'a', attempt
+  set[3], set[4], set[5], set[6], set[7], set[8] = 't', ARGV[2], 'n', fmt(fence), 'a', attempt
 else
   extend(KEYS[2], fence, keep, now)
 end
@@ -166,13 +165,14 @@ return reply
 // fence memory ms. Reply: 1, or 0 for a lost lease.
 var renewScript = goredis.NewScript(nowLua + `
 local k = KEYS[1]
-local h = redis.call('HMGET', k, 't', 'l', 'g', 'n', 'm')
+local h = redis.call('HMGET', k, 't', 'l', 'n')
 if not h[2] or h[1] ~= ARGV[1] then return 0 end
+local grace, cover = string.match(h[2], '^%d+:(%d+):(%d+)')
 local now = clock()
-local ttl = ARGV[2] + h[3]
-redis.call('HSET', k, 'l', now + ARGV[2])
+local ttl = ARGV[2] + grace
+redis.call('HSET', k, 'l', (now + ARGV[2]) .. ':' .. grace .. ':' .. cover)
 redis.call('PEXPIRE', k, ttl)
-extend(KEYS[2], tonumber(h[4]), now + ttl + h[5] + ARGV[3], now)
+extend(KEYS[2], tonumber(h[3]), now + ttl + cover + ARGV[3], now)
 return 1
 `)
 
@@ -207,15 +207,15 @@ return 1
 // lease.
 var completeScript = goredis.NewScript(`
 local k = KEYS[1]
-local h = redis.call('HMGET', k, 't', 'l', 'm', 'c', 'n')
+local h = redis.call('HMGET', k, 't', 'l', 'c', 'n')
 if h[1] ~= ARGV[1] then return 0 end
 if not h[2] then
   if ARGV[4] == '1' then redis.call('HSET', k, 't', ARGV[1]) end
   return 1
 end
 if ARGV[5] == '1' then redis.call('SPUBLISH', k, 'completed') end
-if h[4] then
-  local gone = {'l', 'g', 'm', 'c'}
+if h[3] then
+  local gone = {'l', 'c'}
   for _, f in ipairs(redis.call('HKEYS', k)) do
     if string.sub(f, 1, 2) == 'c:' then gone[#gone + 1] = f end
   end
@@ -223,14 +223,14 @@ if h[4] then
     redis.call('HDEL', k, unpack(gone, i, math.min(i + 499, #gone)))
   end
 else
-  redis.call('HDEL', k, 'l', 'g', 'm')
+  redis.call('HDEL', k, 'l')
 end
 redis.call('HSET', k, 'r', ARGV[2])
 redis.call('PEXPIRE', k, ARGV[3])
-if tonumber(h[3]) < tonumber(ARGV[3]) then
+if tonumber(string.match(h[2], '(%d+)$')) < tonumber(ARGV[3]) then
 ` + nowLua + `
   local now = clock()
-  extend(KEYS[2], tonumber(h[5]), now + ARGV[3] + ARGV[6], now)
+  extend(KEYS[2], tonumber(h[4]), now + ARGV[3] + ARGV[6], now)
 end
 return 1
 `)
@@ -299,7 +299,7 @@ for _ = 1, steps do
   local full = false
   for _, k in ipairs(r[2]) do
     local l = redis.call('HGET', k, 'l')
-    if l and tonumber(l) <= now then
+    if l and tonumber(string.match(l, '^%d+')) <= now then
       if listed >= want then
         full = true
         break

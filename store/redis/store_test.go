@@ -508,9 +508,14 @@ func TestDeadlinesByServerClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := serverMicros(t, c) / 1000
-	l, err := c.HGet(ctx, s.Key("3:abc"), "l").Int64()
+	v, err := c.HGet(ctx, s.Key("3:abc"), "l").Result()
 	if err != nil {
 		t.Fatal(err)
+	}
+	deadline, _, _ := strings.Cut(v, ":")
+	l, err := strconv.ParseInt(deadline, 10, 64)
+	if err != nil || v != fmt.Sprintf("%d:%d:0", l, grace.Milliseconds()) {
+		t.Fatalf("field l is %q, want <deadline>:<grace>:0 (%v)", v, err)
 	}
 	if l < before+lease.Milliseconds() || l > after+lease.Milliseconds() {
 		t.Fatalf("lease deadline %d not server time + lease: [%d, %d]", l, before+lease.Milliseconds(), after+lease.Milliseconds())
