@@ -74,14 +74,15 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 }
 
 // Bounds of Stuck. One script makes at most stuckSteps SCAN steps of
-// stuckCount keys (about a millisecond of the server's time at 10^6
-// records, see the README), and one call of Stuck runs at most
-// stuckScripts of them, one after another, before it returns the page it
-// has (which may be short, or empty, with a cursor to go on from).
+// stuckCount keys (about 200 keys, 1 ms of the server's time at most on
+// a quiet server: a claim waits behind one script at most, see the
+// README), and one call of Stuck runs at most stuckScripts of them, one
+// after another, before it returns the page it has (which may be short,
+// or empty, with a cursor to go on from).
 const (
 	stuckCount   = 100
-	stuckSteps   = 10
-	stuckScripts = 64
+	stuckSteps   = 2
+	stuckScripts = 128
 	// maxStuckWant bounds the records one script lists.
 	maxStuckWant = 500
 	// stuckSetLife is how long a listing's set of listed records lives
@@ -100,8 +101,8 @@ const (
 // that lives 10 minutes past the listing's latest page), because SCAN
 // may return a key twice: a record stuck during the whole listing is
 // listed once; one that changes during it may be listed or not. A call
-// does a bounded amount of work (at most 64 scripts of about a thousand
-// keys each) and may return a short page, even an empty one, with a
+// does a bounded amount of work (at most 128 scripts of about 200 keys
+// each) and may return a short page, even an empty one, with a
 // cursor to go on from; the cursor is "" once every node was walked.
 //
 // The cursor is opaque: it names the listing, a node by its address and

@@ -161,3 +161,192 @@ func stringOf(c byte, n int) string {
 	}
 	return string(b)
 }
+
+// preloadLua writes ARGV[2] completed records numbered from ARGV[3]
+// under the prefix ARGV[1], in the store's layout (a shard tag, then the
+// storage key; fields f t n r), with the result ARGV[4] and a TTL of
+// ARGV[5] ms. It declares no keys: single servers only.
+var preloadLua = goredis.NewScript(`
+local prefix, n, from, result, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+for i = from, from + n - 1 do
+  local k = prefix .. '{' .. string.format('%03x', i % 1024) .. '}9:preload:' .. i
+  redis.call('HSET', k, 'f', 'h0123456789abcdef0123456789abcdef', 't', '0123456789abcdef0123456789abcdef',
+    'n', '1767225600000000', 'r', result)
+  redis.call('PEXPIRE', k, ttl)
+end
+return n
+`)
+
+// BenchmarkStuckPass measures a whole listing of Stuck (pages of 100,
+// cursor to cursor) over IDEM_BENCH_STUCK_RECORDS live records (default
+// 10^6: completed records of the store's shape with a 200-byte result)
+// and 100 stuck ones, on the server at IDEM_REDIS_SLOWLOG_ADDR (it writes
+// about a gigabyte and changes the slowlog settings: a server of your
+// own), or IDEM_REDIS_ADDR. Metrics per pass: ns/op, stuck-calls/op
+// (calls of Stuck), scripts/op, server-ms/op (the scripts' time by
+// SLOWLOG), script-max-µs and script-median-µs; and the latency of fresh
+// claims+completions made one after another from one goroutine during
+// the passes and right after them (claim-p50-µs, claim-p99-µs,
+// claim-max-µs, and idle-p50-µs, idle-p99-µs, idle-max-µs).
+//
+//	IDEM_REDIS_SLOWLOG_ADDR=127.0.0.1:26501 go test -run '^$' -bench StuckPass -benchtime 3x -timeout 30m .
+func BenchmarkStuckPass(b *testing.B) {
+	addr := os.Getenv("IDEM_REDIS_SLOWLOG_ADDR")
+	if addr == "" {
+		addr = os.Getenv("IDEM_REDIS_ADDR")
+	}
+	n := 1_000_000
+	if v := os.Getenv("IDEM_BENCH_STUCK_RECORDS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	defer c.Close()
+	ctx := context.Background()
+	prefix := "idemtest:sp" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	s, err := New(c, &Options{Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { // delete what the benchmark wrote
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, globEscape(prefix)+"*", 10000).Result()
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if len(keys) > 0 {
+				_ = c.Unlink(ctx, keys...).Err()
+			}
+			if cursor = next; cursor == 0 {
+				return
+			}
+		}
+	}()
+	result := stringOf('x', 200)
+	for from := 0; from < n; from += 10000 {
+		if err := preloadLua.Eval(ctx, c, nil, prefix, min(10000, n-from), from, result, time.Hour.Milliseconds()).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const stuck = 100
+	for i := range stuck {
+		res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "9:stuck:" + strconv.Itoa(i), Fingerprint: "fp", Token: "dead", Lease: time.Millisecond, Grace: time.Hour})
+		if err != nil || res.Outcome != idempotency.OutcomeAcquired {
+			b.Fatalf("claim: %v %v", res.Outcome, err)
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	cfg, err := c.ConfigGet(ctx, "slowlog-*").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		for k, v := range cfg {
+			_ = c.ConfigSet(ctx, k, v).Err()
+		}
+	}()
+	for k, v := range map[string]string{"slowlog-log-slower-than": "0", "slowlog-max-len": "100000"} {
+		if err := c.ConfigSet(ctx, k, v).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := stuckScript.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	// claims makes fresh claims and completions until stop is closed and
+	// returns their latencies in µs.
+	claims := func(stop <-chan struct{}, tag string) []float64 {
+		var lat []float64
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return lat
+			default:
+			}
+			key := "9:live:" + tag + strconv.Itoa(i)
+			t0 := time.Now()
+			if _, err := s.Claim(ctx, idempotency.ClaimRequest{Key: key, Fingerprint: "fp", Token: "t", Lease: time.Minute}); err != nil {
+				b.Error(err)
+				return lat
+			}
+			if err := s.Complete(ctx, key, "t", []byte("r"), time.Minute); err != nil {
+				b.Error(err)
+				return lat
+			}
+			lat = append(lat, float64(time.Since(t0).Microseconds()))
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+	var during, idle, scripts []float64
+	var calls int
+	var passTime time.Duration
+	_ = c.SlowLogReset(ctx).Err()
+	for r := 0; b.Loop(); r++ {
+		stop := make(chan struct{})
+		got := make(chan []float64)
+		go func() { got <- claims(stop, "d"+strconv.Itoa(r)+":") }()
+		t0 := time.Now()
+		listed := 0
+		for cursor := ""; ; {
+			infos, next, err := s.Stuck(ctx, cursor, 100)
+			if err != nil {
+				b.Fatal(err)
+			}
+			calls++
+			listed += len(infos)
+			if cursor = next; cursor == "" {
+				break
+			}
+		}
+		d := time.Since(t0)
+		passTime += d
+		close(stop)
+		during = append(during, <-got...)
+		if listed != stuck {
+			b.Fatalf("a pass listed %d records, want %d", listed, stuck)
+		}
+		logs, err := c.SlowLogGet(ctx, -1).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range logs {
+			if len(l.Args) > 1 && l.Args[0] == "evalsha" && l.Args[1] == stuckScript.Hash() {
+				scripts = append(scripts, float64(l.Duration.Microseconds()))
+			}
+		}
+		_ = c.SlowLogReset(ctx).Err()
+		stop = make(chan struct{})
+		go func() { got <- claims(stop, "i"+strconv.Itoa(r)+":") }()
+		time.Sleep(d)
+		close(stop)
+		idle = append(idle, <-got...)
+	}
+	pct := func(d []float64, p float64) float64 {
+		if len(d) == 0 {
+			return 0
+		}
+		slices.Sort(d)
+		return d[min(len(d)-1, int(p*float64(len(d))))]
+	}
+	total := 0.0
+	for _, d := range scripts {
+		total += d
+	}
+	nb := float64(b.N)
+	b.ReportMetric(float64(passTime.Nanoseconds())/nb, "ns/op")
+	b.ReportMetric(float64(calls)/nb, "stuck-calls/op")
+	b.ReportMetric(float64(len(scripts))/nb, "scripts/op")
+	b.ReportMetric(total/1000/nb, "server-ms/op")
+	b.ReportMetric(pct(scripts, 0.5), "script-median-µs")
+	b.ReportMetric(pct(scripts, 1), "script-max-µs")
+	b.ReportMetric(pct(during, 0.5), "claim-p50-µs")
+	b.ReportMetric(pct(during, 0.99), "claim-p99-µs")
+	b.ReportMetric(pct(during, 1), "claim-max-µs")
+	b.ReportMetric(pct(idle, 0.5), "idle-p50-µs")
+	b.ReportMetric(pct(idle, 0.99), "idle-p99-µs")
+	b.ReportMetric(pct(idle, 1), "idle-max-µs")
+}
