@@ -63,7 +63,8 @@ func FuzzDecodeReplies(f *testing.F) {
 	for _, seed := range []string{
 		"*4\r\n:1\r\n:1796121820000000\r\n:1\r\n$0\r\n\r\n",                                               // acquired
 		"*8\r\n:1\r\n:1796121820000001\r\n:2\r\n$0\r\n\r\n$1\r\ns\r\n$1\r\n1\r\n$4\r\nstep\r\n$0\r\n\r\n", // takeover with checkpoints
-		"*4\r\n:2\r\n:1796121820000000\r\n:1\r\n$9\r\nv\"result\"\r\n",                                    // replay
+		"*5\r\n:2\r\n:1796121820000000\r\n:1\r\n$9\r\nv\"result\"\r\n:86400000\r\n",                       // replay and its time to live
+		"*4\r\n:2\r\n:1796121820000000\r\n:1\r\n$9\r\nv\"result\"\r\n",                                    // replay without its time to live
 		"*4\r\n:3\r\n:1796121820000000\r\n:1\r\n:750\r\n",                                                 // in progress
 		"*4\r\n:4\r\n:1796121820000000\r\n:1\r\n$0\r\n\r\n",                                               // mismatch
 		"*5\r\n:1\r\n:1\r\n:1\r\n$0\r\n\r\n$1\r\nx\r\n",                                                   // checkpoint without a value

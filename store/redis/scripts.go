@@ -101,9 +101,9 @@ end
 // token, lease ms, grace ms, the retention ms the mark is to cover (m),
 // fence memory ms, and, from tests only, a clock skew in µs. Reply:
 // {outcome, fence, attempt, extra, name1, value1, ...} where extra is the
-// time left on the lease in ms for in-progress, the result for replay,
-// and "" otherwise; checkpoint pairs follow for an acquisition of an
-// existing record.
+// time left on the lease in ms for in-progress, the result for replay
+// (followed by the record's time to live in ms), and "" otherwise;
+// checkpoint pairs follow for an acquisition of an existing record.
 //
 // A replay and a mismatch, which write nothing, are answered first, before
 // the script defines the functions the other outcomes use.
@@ -111,7 +111,7 @@ var claimScript = goredis.NewScript(`
 local h = redis.call('HMGET', KEYS[1], 'f', 't', 'n', 'a', 'l', 'r')
 if h[1] then
   if h[1] ~= ARGV[1] then return {4, tonumber(h[3]), tonumber(h[4] or 1), ''} end
-  if h[6] then return {2, tonumber(h[3]), tonumber(h[4] or 1), h[6]} end
+  if h[6] then return {2, tonumber(h[3]), tonumber(h[4] or 1), h[6], redis.call('PTTL', KEYS[1])} end
   if not h[5] then return redis.error_reply('corrupt record: neither lease nor result') end
 end
 ` + nowLua + `

@@ -579,10 +579,15 @@ func decodeClaim(v any) (idempotency.ClaimResult, error) {
 		}
 	case idempotency.OutcomeReplay:
 		r, ok := a[3].(string)
-		if !ok || len(a) != 4 {
-			return bad("the result not one string")
+		if !ok || len(a) != 5 {
+			return bad("the result not one string and a time to live")
 		}
 		res.Result = []byte(r)
+		// The record's time to live, by the server's clock: said at the cost
+		// of one PTTL on the replay's path only.
+		if ttl, ok := a[4].(int64); ok && ttl > 0 {
+			res.ExpiresIn = time.Duration(ttl) * time.Millisecond
+		}
 	case idempotency.OutcomeInProgress:
 		ms, ok := a[3].(int64)
 		if !ok || ms < 0 || len(a) != 4 {
