@@ -3,174 +3,249 @@ package httpidem
 import (
 	"context"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
-// Defaults of the [Transport]'s fields.
+// Defaults of the [Transport]'s options, the same as grpcidem's client
+// interceptor's.
 const (
-	DefaultMaxAttempts = 5
-	DefaultMaxElapsed  = 30 * time.Second
-	DefaultMinBackoff  = 100 * time.Millisecond
-	DefaultMaxBackoff  = 5 * time.Second
+	// DefaultMaxAttempts bounds the attempts of a request, the first
+	// included ([WithMaxAttempts]).
+	DefaultMaxAttempts = edge.DefaultMaxAttempts
+	// DefaultMaxElapsed bounds the time from the first attempt to the
+	// start of the last ([WithMaxElapsed]).
+	DefaultMaxElapsed = edge.DefaultMaxElapsed
+	// DefaultMinBackoff is the backoff before the first retry
+	// ([WithBackoff]).
+	DefaultMinBackoff = edge.DefaultMinBackoff
+	// DefaultMaxBackoff caps the doubling backoff ([WithBackoff]).
+	DefaultMaxBackoff = edge.DefaultMaxBackoff
+	// DefaultMaxLeaseWait bounds how long after its first attempt a
+	// request keeps retrying a 409 that tells the time left on the
+	// holder's lease ([WithMaxLeaseWait]).
+	DefaultMaxLeaseWait = edge.DefaultMaxLeaseWait
 )
+
+// ErrKeyExpired is the error of a [Transport]'s RoundTrip that stopped
+// retrying because the key's advertised expiry (the [DefaultExpiresHeader]
+// of an earlier attempt's response) has passed or would pass before the
+// next attempt: the server would no longer know the key, and a retry
+// could run the request a second time. It is the same error as grpcidem's
+// ErrKeyExpired.
+var ErrKeyExpired = edge.ErrKeyExpired
+
+// A ClientOption configures the [Transport] made by [NewTransport].
+type ClientOption interface{ applyClient(*clientConfig) }
+
+type clientOptionFunc func(*clientConfig)
+
+func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
+
+type clientConfig struct {
+	base                    http.RoundTripper
+	keyHeader, replayHeader string // canonical
+	attemptTimeout          time.Duration
+	backoff                 edge.Backoff
+}
+
+func defaultClientConfig() clientConfig {
+	return clientConfig{
+		base:         http.DefaultTransport,
+		keyHeader:    DefaultKeyHeader,
+		replayHeader: DefaultReplayHeader,
+		backoff:      edge.DefaultBackoff(),
+	}
+}
+
+// defaultClient is the configuration of a zero Transport.
+var defaultClient = defaultClientConfig()
+
+// WithBase sets the RoundTripper that sends each attempt.
+// Default: http.DefaultTransport.
+func WithBase(rt http.RoundTripper) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.base = rt })
+}
+
+// WithClientHeaders sets the names of the key header and of the replay
+// header, which must be the server's ([WithKeyHeader],
+// [WithReplayHeader]). Default: [DefaultKeyHeader], [DefaultReplayHeader].
+func WithClientHeaders(key, replay string) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) {
+		c.keyHeader, c.replayHeader = textproto.CanonicalMIMEHeaderKey(key), textproto.CanonicalMIMEHeaderKey(replay)
+	})
+}
+
+// WithMaxAttempts bounds the attempts per request, the first included.
+// Default: [DefaultMaxAttempts].
+func WithMaxAttempts(n int) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxAttempts = n })
+}
+
+// WithMaxElapsed bounds the time from the first attempt to the start of
+// the last one; the request's context deadline bounds it too.
+// Default: [DefaultMaxElapsed].
+func WithMaxElapsed(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxElapsed = d })
+}
+
+// WithAttemptTimeout bounds one attempt, until its response headers (the
+// body of the response returned stays readable). An attempt that times
+// out is retried; the retry gets the first attempt's response replayed
+// once it is stored, or 409 while it runs. Default: no bound but the
+// request's context.
+func WithAttemptTimeout(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.attemptTimeout = d })
+}
+
+// WithBackoff sets the backoff before the first retry (min) and its cap
+// (max): it doubles after every attempt up to max and stays there, and
+// each wait is drawn from [0, backoff] ("full jitter"), or is the
+// response's Retry-After if that is longer. Default: [DefaultMinBackoff],
+// [DefaultMaxBackoff].
+func WithBackoff(min, max time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MinBackoff, c.backoff.MaxBackoff = min, max })
+}
+
+// NewTransport returns a [Transport] configured by opts. It returns an
+// error wrapping [idempotency.ErrInvalidArgument], naming the option, for
+// an invalid one.
+func NewTransport(opts ...ClientOption) (*Transport, error) {
+	c := defaultClientConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidArg("nil option")
+		}
+		o.applyClient(&c)
+	}
+	if why := c.backoff.Check(); why != "" {
+		return nil, invalidArg("%s", why)
+	}
+	switch {
+	case edge.IsNil(c.base):
+		return nil, invalidArg("WithBase: nil RoundTripper")
+	case !validHeaderName(c.keyHeader):
+		return nil, invalidArg("WithClientHeaders: invalid key header name %q", c.keyHeader)
+	case !validHeaderName(c.replayHeader):
+		return nil, invalidArg("WithClientHeaders: invalid replay header name %q", c.replayHeader)
+	case c.attemptTimeout < 0:
+		return nil, invalidArg("WithAttemptTimeout: must not be negative, got %v", c.attemptTimeout)
+	}
+	return &Transport{cfg: &c}, nil
+}
 
 // Transport is an http.RoundTripper that retries the requests carrying an
 // idempotency key, which the server de-duplicates, so a retry never
-// repeats an effect: the server replays the first response instead.
+// repeats an effect: the server replays the first response instead. Make
+// one with [NewTransport]; the zero value uses every default.
 //
 // A request with a key is retried after a network error (including
-// AttemptTimeout expiring), and after a response with status 5xx, 429 or
-// 409 (the key in use by an earlier attempt still running); never after
-// any other status, and never after a replayed response (one that carries
-// the replay header, Idempotent-Replayed: true), whatever its status: it
-// is the stored outcome of the first request, and every retry would get it
-// again. Between attempts it waits a random time between zero
-// and MinBackoff·2^(n-1), capped at MaxBackoff ("full jitter", so that a
-// crowd of clients does not retry in lockstep), or the response's
-// Retry-After if that is longer. It stops after MaxAttempts attempts, or
-// when the next wait would end after MaxElapsed from the first attempt;
-// it then returns the last response or error as it is.
+// [WithAttemptTimeout] expiring), and after a response with status 5xx,
+// 429 or 409 (the key in use by an earlier attempt still running); never
+// after any other status, and never after a replayed response (one that
+// carries the replay header, Idempotent-Replayed: true), whatever its
+// status: it is the stored outcome of the first request, and every retry
+// would get it again. Between attempts it waits a random time between
+// zero and MinBackoff·2^(n-1), capped at MaxBackoff ("full jitter", so
+// that a crowd of clients does not retry in lockstep), or the response's
+// Retry-After if that is longer ([WithBackoff]). It stops after
+// [WithMaxAttempts] attempts, or when the next wait would end after
+// [WithMaxElapsed] from the first attempt or after the request context's
+// deadline; it then returns the last response or error as it is.
 //
 // Every attempt sends the same key and, through Request.GetBody, the same
 // body (http.NewRequest sets GetBody for the usual body types). A request
 // with a body but no GetBody, or without a key, is sent once.
 //
-// MaxElapsed bounds when attempts start; bound an attempt itself with
-// AttemptTimeout, and the whole call with the request's context or
-// http.Client.Timeout. A canceled context stops the retries at once.
+// Bound an attempt itself with [WithAttemptTimeout], and the whole call
+// with the request's context or http.Client.Timeout. A canceled context
+// stops the retries at once.
 //
-// The zero value is ready to use. Set the fields before the first request
-// and do not change them afterwards.
+// Only use it towards servers that de-duplicate the requests it retries
+// (the [New] middleware): without it, a retried request can run twice.
 type Transport struct {
-	// Base sends each attempt. Nil means http.DefaultTransport.
-	Base http.RoundTripper
-	// KeyHeader names the key header. "" means [DefaultKeyHeader].
-	KeyHeader string
-	// ReplayHeader names the header by which the server marks a replayed
-	// response. "" means [DefaultReplayHeader].
-	ReplayHeader string
-	// MaxAttempts bounds the attempts per request, the first included.
-	// 0 means [DefaultMaxAttempts].
-	MaxAttempts int
-	// MaxElapsed bounds the time from the first attempt to the start of
-	// the last one. 0 means [DefaultMaxElapsed].
-	MaxElapsed time.Duration
-	// AttemptTimeout bounds one attempt, until its response headers (the
-	// body of the response returned stays readable). A client that gives
-	// up on a slow attempt and retries gets the first attempt's response
-	// replayed once it is stored. 0 means no bound.
-	AttemptTimeout time.Duration
-	// MinBackoff is the backoff before the first retry; it doubles after
-	// every attempt until it reaches MaxBackoff, and stays there however
-	// many attempts MaxAttempts allows. Each wait is drawn from
-	// [0, backoff], so no wait exceeds MaxBackoff unless a Retry-After
-	// asks for longer. 0 means [DefaultMinBackoff] and
-	// [DefaultMaxBackoff].
-	MinBackoff, MaxBackoff time.Duration
-
-	// Sleep waits d or until ctx is done (returning its error). Nil means
-	// a timer. Tests set it to record the waits instead of sleeping.
-	Sleep func(ctx context.Context, d time.Duration) error
-	// Now is the clock of MaxElapsed and of Retry-After dates. Nil means
-	// time.Now.
-	Now func() time.Time
-	// Jitter returns a random duration in [0, d]. Nil means uniform.
-	Jitter func(d time.Duration) time.Duration
+	cfg *clientConfig // nil: the defaults
 }
 
 // RoundTrip sends req, retrying as [Transport] describes.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	base := t.Base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	name := DefaultKeyHeader
-	if t.KeyHeader != "" {
-		name = textproto.CanonicalMIMEHeaderKey(t.KeyHeader)
-	}
-	replayed := DefaultReplayHeader
-	if t.ReplayHeader != "" {
-		replayed = textproto.CanonicalMIMEHeaderKey(t.ReplayHeader)
+	c := t.cfg
+	if c == nil {
+		c = &defaultClient
 	}
 	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
-	if len(req.Header[name]) == 0 || !rewindable {
-		return t.attempt(base, req)
+	if len(req.Header[c.keyHeader]) == 0 || !rewindable {
+		return c.attempt(req)
 	}
-
-	maxAttempts := or(t.MaxAttempts, DefaultMaxAttempts)
-	maxElapsed := or(t.MaxElapsed, DefaultMaxElapsed)
-	minBackoff := or(t.MinBackoff, DefaultMinBackoff)
-	maxBackoff := or(t.MaxBackoff, DefaultMaxBackoff)
-	now := t.Now
-	if now == nil {
-		now = time.Now
-	}
+	var (
+		resp *http.Response
+		err  error
+	)
 	ctx := req.Context()
-	start := now()
-	backoff := minBackoff
-	for n := 1; ; n++ {
+	rerr := c.backoff.Retry(ctx, func(ctx context.Context, n int) edge.Answer {
 		r := req
 		if n > 1 {
 			r = req.Clone(ctx)
 			if req.GetBody != nil && req.Body != nil && req.Body != http.NoBody {
-				body, err := req.GetBody()
-				if err != nil {
-					return nil, err
+				body, gerr := req.GetBody()
+				if gerr != nil {
+					resp, err = nil, gerr
+					return edge.Answer{}
 				}
 				r.Body = body
 			}
 		}
-		resp, err := t.attempt(base, r)
-		if ctx.Err() != nil {
-			// The caller gave up: no retry, and its error wins.
-			if err == nil {
-				resp.Body.Close()
-			}
-			return nil, ctx.Err()
-		}
-		if !retryable(resp, err, replayed) || n >= maxAttempts {
-			return resp, err
-		}
-		wait := t.jitter(min(backoff, maxBackoff))
-		// Double up to the cap and stay there: doubling without bound
-		// would overflow after a few dozen attempts into a negative
-		// backoff, and the retries would run in a tight loop.
-		if backoff >= maxBackoff/2 {
-			backoff = maxBackoff
-		} else {
-			backoff *= 2
-		}
-		if resp != nil {
-			if ra, ok := retryAfter(resp.Header.Get("Retry-After"), now); ok && ra > wait {
-				wait = ra
-			}
-		}
-		if now().Add(wait).Sub(start) > maxElapsed {
-			return resp, err
-		}
-		if resp != nil {
-			// Drain a little so the connection can be reused.
-			io.CopyN(io.Discard, resp.Body, 64<<10)
+		resp, err = c.attempt(r)
+		return c.answer(resp, err)
+	})
+	if rerr != nil {
+		// The caller gave up (its error wins), or the key expired.
+		if resp != nil && err == nil {
 			resp.Body.Close()
 		}
-		if err := t.sleep(ctx, wait); err != nil {
-			return nil, err
-		}
+		return nil, rerr
 	}
+	return resp, err
 }
 
-// attempt sends one attempt, bounded by AttemptTimeout.
-func (t *Transport) attempt(base http.RoundTripper, r *http.Request) (*http.Response, error) {
-	if t.AttemptTimeout <= 0 {
-		return base.RoundTrip(r)
+// answer tells the retry loop what an attempt's outcome means.
+func (c *clientConfig) answer(resp *http.Response, err error) edge.Answer {
+	if err != nil {
+		return edge.Answer{Retry: true}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), t.AttemptTimeout)
-	resp, err := base.RoundTrip(r.WithContext(ctx))
+	a := edge.Answer{Retry: c.retryable(resp)}
+	if !a.Retry {
+		return a
+	}
+	a.Hint, _ = retryAfter(resp.Header.Get("Retry-After"), c.now)
+	a.Discard = func() {
+		// Drain a little so the connection can be reused.
+		io.CopyN(io.Discard, resp.Body, 64<<10)
+		resp.Body.Close()
+	}
+	return a
+}
+
+// now is the clock of the retries: time.Now but in tests.
+func (c *clientConfig) now() time.Time {
+	if c.backoff.Now != nil {
+		return c.backoff.Now()
+	}
+	return time.Now()
+}
+
+// attempt sends one attempt, bounded by the attempt timeout.
+func (c *clientConfig) attempt(r *http.Request) (*http.Response, error) {
+	if c.attemptTimeout <= 0 {
+		return c.base.RoundTrip(r)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.attemptTimeout)
+	resp, err := c.base.RoundTrip(r.WithContext(ctx))
 	if err != nil {
 		cancel()
 		return nil, err
@@ -191,11 +266,8 @@ func (b *cancelBody) Close() error {
 	return err
 }
 
-func retryable(resp *http.Response, err error, replayHeader string) bool {
-	if err != nil {
-		return true
-	}
-	if v := resp.Header[replayHeader]; len(v) > 0 && strings.EqualFold(strings.TrimSpace(v[0]), "true") {
+func (c *clientConfig) retryable(resp *http.Response) bool {
+	if v := resp.Header[c.replayHeader]; len(v) > 0 && strings.EqualFold(strings.TrimSpace(v[0]), "true") {
 		return false
 	}
 	s := resp.StatusCode
@@ -220,36 +292,4 @@ func retryAfter(v string, now func() time.Time) (time.Duration, bool) {
 		return max(t.Sub(now()), 0), true
 	}
 	return 0, false
-}
-
-func (t *Transport) jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	if t.Jitter != nil {
-		return t.Jitter(d)
-	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
-}
-
-func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
-	if t.Sleep != nil {
-		return t.Sleep(ctx, d)
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
-}
-
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }

@@ -24,7 +24,8 @@ type fakeTime struct {
 	mu     sync.Mutex
 	now    time.Time
 	sleeps []time.Duration
-	real   time.Duration // also sleep for real, at most this long
+	real   time.Duration                     // also sleep for real, at most this long
+	jitter func(time.Duration) time.Duration // nil: uniform
 }
 
 func newFakeTime() *fakeTime { return &fakeTime{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
@@ -56,8 +57,18 @@ func (f *fakeTime) Sleeps() []time.Duration {
 	return append([]time.Duration(nil), f.sleeps...)
 }
 
-func (f *fakeTime) transport(base http.RoundTripper) *httpidem.Transport {
-	return &httpidem.Transport{Base: base, Sleep: f.Sleep, Now: f.Now}
+// transport is a Transport on f's clock, with opts.
+func (f *fakeTime) transport(t testing.TB, opts ...httpidem.ClientOption) *httpidem.Transport {
+	return newTransport(t, append([]httpidem.ClientOption{httpidem.WithClientClock(f.Now, f.Sleep, f.jitter)}, opts...)...)
+}
+
+func newTransport(t testing.TB, opts ...httpidem.ClientOption) *httpidem.Transport {
+	t.Helper()
+	tr, err := httpidem.NewTransport(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }
 
 func post(t *testing.T, rt http.RoundTripper, url, key, body string) (*http.Response, string) {
@@ -133,8 +144,8 @@ func TestTransportFailsTwiceThenSucceeds(t *testing.T) {
 	defer srv.Close()
 
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.Jitter = func(d time.Duration) time.Duration { return d / 2 }
+	clock.jitter = func(d time.Duration) time.Duration { return d / 2 }
+	tr := clock.transport(t)
 	key := httpidem.NewKey()
 	resp, body := post(t, tr, srv.URL+"/payments", key, `{"amount":42}`)
 	if resp.StatusCode != 201 || body != "charged" {
@@ -172,7 +183,7 @@ func TestTransportRetriesRetryableStatuses(t *testing.T) {
 			srv := httptest.NewServer(s)
 			defer srv.Close()
 			clock := newFakeTime()
-			resp, body := post(t, clock.transport(nil), srv.URL, "k", "b")
+			resp, body := post(t, clock.transport(t), srv.URL, "k", "b")
 			if resp.StatusCode != 200 || body != "attempt 3" || s.attempts.Load() != 3 {
 				t.Fatalf("%d %q after %d attempts", resp.StatusCode, body, s.attempts.Load())
 			}
@@ -190,7 +201,7 @@ func TestTransportNeverRetriesOther4xx(t *testing.T) {
 		s := &statusServer{statuses: []int{status, 200}}
 		srv := httptest.NewServer(s)
 		clock := newFakeTime()
-		resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+		resp, _ := post(t, clock.transport(t), srv.URL, "k", "b")
 		srv.Close()
 		if resp.StatusCode != status || s.attempts.Load() != 1 || len(clock.Sleeps()) != 0 {
 			t.Fatalf("%d: got %d after %d attempts, want no retry", status, resp.StatusCode, s.attempts.Load())
@@ -213,7 +224,7 @@ func TestTransportNetworkError(t *testing.T) {
 	}))
 	defer srv.Close()
 	clock := newFakeTime()
-	resp, body := post(t, clock.transport(nil), srv.URL, "k", `{}`)
+	resp, body := post(t, clock.transport(t), srv.URL, "k", `{}`)
 	if resp.StatusCode != 200 || body != "ok" || attempts.Load() != 3 {
 		t.Fatalf("%d %q after %d attempts", resp.StatusCode, body, attempts.Load())
 	}
@@ -224,8 +235,7 @@ func TestTransportBoundedAttempts(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 4
+	tr := clock.transport(t, httpidem.WithMaxAttempts(4))
 	resp, body := post(t, tr, srv.URL, "k", "b")
 	if resp.StatusCode != 503 || body != "attempt 4" || s.attempts.Load() != 4 || len(clock.Sleeps()) != 3 {
 		t.Fatalf("%d %q after %d attempts, %d waits; want the 4th 503 and 3 waits",
@@ -238,12 +248,9 @@ func TestTransportBackoffAndElapsed(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 100
-	tr.MaxElapsed = 2 * time.Second
-	tr.MinBackoff = 100 * time.Millisecond
-	tr.MaxBackoff = 400 * time.Millisecond
-	tr.Jitter = func(d time.Duration) time.Duration { return d } // the top of each range
+	clock.jitter = func(d time.Duration) time.Duration { return d } // the top of each range
+	tr := clock.transport(t, httpidem.WithMaxAttempts(100), httpidem.WithMaxElapsed(2*time.Second),
+		httpidem.WithBackoff(100*time.Millisecond, 400*time.Millisecond))
 	resp, _ := post(t, tr, srv.URL, "k", "b")
 	// 100+200+400+400+400+400 = 1.9s; one more 400ms would pass 2s.
 	want := []time.Duration{100, 200, 400, 400, 400, 400}
@@ -263,11 +270,8 @@ func TestTransportFullJitter(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 40
-	tr.MaxElapsed = time.Hour
-	tr.MinBackoff = time.Second
-	tr.MaxBackoff = time.Second
+	tr := clock.transport(t, httpidem.WithMaxAttempts(40), httpidem.WithMaxElapsed(time.Hour),
+		httpidem.WithBackoff(time.Second, time.Second))
 	post(t, tr, srv.URL, "k", "b")
 	sleeps := clock.Sleeps()
 	distinct := map[time.Duration]bool{}
@@ -299,12 +303,10 @@ func TestTransportBackoffCappedOverManyAttempts(t *testing.T) {
 	} {
 		s.attempts.Store(0)
 		clock := newFakeTime()
-		tr := clock.transport(nil)
-		tr.MaxAttempts = attempts
-		tr.MaxElapsed = 1000 * time.Hour
-		tr.MinBackoff = 100 * time.Millisecond
-		tr.MaxBackoff = 2 * time.Second
-		tr.Jitter = jitter.f
+		clock.jitter = jitter.f
+		const maxBackoff = 2 * time.Second
+		tr := clock.transport(t, httpidem.WithMaxAttempts(attempts), httpidem.WithMaxElapsed(1000*time.Hour),
+			httpidem.WithBackoff(100*time.Millisecond, maxBackoff))
 		resp, _ := post(t, tr, srv.URL, "k", "b")
 		sleeps := clock.Sleeps()
 		if resp.StatusCode != 503 || s.attempts.Load() != attempts || len(sleeps) != attempts-1 {
@@ -313,13 +315,13 @@ func TestTransportBackoffCappedOverManyAttempts(t *testing.T) {
 		}
 		var total time.Duration
 		for i, d := range sleeps {
-			if d < 0 || d > tr.MaxBackoff {
-				t.Fatalf("%s: wait %d is %v, outside [0, %v]", jitter.name, i+1, d, tr.MaxBackoff)
+			if d < 0 || d > maxBackoff {
+				t.Fatalf("%s: wait %d is %v, outside [0, %v]", jitter.name, i+1, d, maxBackoff)
 			}
 			// 100ms, 200ms, ..., 1.6s, then the cap: from the sixth wait
 			// on, the top of the range is the cap itself.
-			if jitter.f != nil && i >= 5 && d != tr.MaxBackoff {
-				t.Fatalf("%s: wait %d is %v, want the cap %v", jitter.name, i+1, d, tr.MaxBackoff)
+			if jitter.f != nil && i >= 5 && d != maxBackoff {
+				t.Fatalf("%s: wait %d is %v, want the cap %v", jitter.name, i+1, d, maxBackoff)
 			}
 			total += d
 		}
@@ -336,8 +338,7 @@ func TestTransportRetryAfterBeyondBudget(t *testing.T) {
 		s := &statusServer{statuses: []int{429, 200}, retryAfter: ra}
 		srv := httptest.NewServer(s)
 		clock := newFakeTime()
-		tr := clock.transport(nil)
-		tr.MaxElapsed = time.Minute
+		tr := clock.transport(t, httpidem.WithMaxElapsed(time.Minute))
 		resp, _ := post(t, tr, srv.URL, "k", "b")
 		srv.Close()
 		// Waiting two minutes would break the one-minute budget: the 429
@@ -351,7 +352,7 @@ func TestTransportRetryAfterBeyondBudget(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+	resp, _ := post(t, clock.transport(t), srv.URL, "k", "b")
 	if resp.StatusCode != 200 || len(clock.Sleeps()) != 1 || clock.Sleeps()[0] < 7*time.Second {
 		t.Fatalf("date Retry-After: %d, waits %v", resp.StatusCode, clock.Sleeps())
 	}
@@ -362,7 +363,7 @@ func TestTransportOnlyKeyedRewindableRequests(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
+	tr := clock.transport(t)
 	// No key: the request may not be safe to repeat.
 	if resp, _ := post(t, tr, srv.URL, "", "b"); resp.StatusCode != 503 || s.attempts.Load() != 1 {
 		t.Fatalf("unkeyed: %d after %d attempts", resp.StatusCode, s.attempts.Load())
@@ -386,11 +387,11 @@ func TestTransportContextCanceled(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &httpidem.Transport{Sleep: func(ctx context.Context, d time.Duration) error {
+	tr := newTransport(t, httpidem.WithClientClock(nil, func(ctx context.Context, d time.Duration) error {
 		cancel() // the caller gives up while the transport waits
 		<-ctx.Done()
 		return ctx.Err()
-	}}
+	}, nil))
 	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader("b"))
 	httpidem.SetKey(req, "k")
 	_, err := (&http.Client{Transport: tr}).Do(req)
@@ -412,10 +413,8 @@ func TestTransportAttemptTimeout(t *testing.T) {
 	defer srv.Close()
 	clock := newFakeTime()
 	clock.real = 50 * time.Millisecond // the 409s' Retry-After is 1s: wait less for real
-	tr := clock.transport(nil)
-	tr.AttemptTimeout = 100 * time.Millisecond
-	tr.MaxAttempts = 50
-	tr.MaxElapsed = time.Hour
+	tr := clock.transport(t, httpidem.WithAttemptTimeout(100*time.Millisecond),
+		httpidem.WithMaxAttempts(50), httpidem.WithMaxElapsed(time.Hour))
 	resp, body := post(t, tr, srv.URL, "k", `{"amount":1}`)
 	if resp.StatusCode != 201 || body != "payment 1" || resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("%d %q replayed=%q", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
@@ -438,9 +437,7 @@ func TestTransportConcurrentDuplicates(t *testing.T) {
 	defer srv.Close()
 	clock := newFakeTime()
 	clock.real = 20 * time.Millisecond
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 100
-	tr.MaxElapsed = time.Hour
+	tr := clock.transport(t, httpidem.WithMaxAttempts(100), httpidem.WithMaxElapsed(time.Hour))
 	key := httpidem.NewKey()
 	var wg sync.WaitGroup
 	for range 10 {
@@ -469,5 +466,70 @@ func TestNewKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		seen[k] = true
+	}
+}
+
+// NewTransport refuses an invalid option by name, as grpcidem's
+// UnaryClientInterceptor does with the same option names.
+func TestNewTransportRefusesInvalidOptions(t *testing.T) {
+	cases := []struct {
+		name string
+		opts []httpidem.ClientOption
+		want string
+	}{
+		{"zero attempts", []httpidem.ClientOption{httpidem.WithMaxAttempts(0)}, "WithMaxAttempts"},
+		{"zero elapsed", []httpidem.ClientOption{httpidem.WithMaxElapsed(0)}, "WithMaxElapsed"},
+		{"negative attempt timeout", []httpidem.ClientOption{httpidem.WithAttemptTimeout(-1)}, "WithAttemptTimeout"},
+		{"max below min backoff", []httpidem.ClientOption{httpidem.WithBackoff(time.Second, time.Millisecond)}, "WithBackoff"},
+		{"zero backoff", []httpidem.ClientOption{httpidem.WithBackoff(0, time.Second)}, "WithBackoff"},
+		{"nil base", []httpidem.ClientOption{httpidem.WithBase(nil)}, "WithBase"},
+		{"typed nil base", []httpidem.ClientOption{httpidem.WithBase((*http.Transport)(nil))}, "WithBase"},
+		{"bad key header", []httpidem.ClientOption{httpidem.WithClientHeaders("Idempotency Key", "Idempotent-Replayed")}, "WithClientHeaders"},
+		{"empty replay header", []httpidem.ClientOption{httpidem.WithClientHeaders("Idempotency-Key", "")}, "WithClientHeaders"},
+		{"nil option", []httpidem.ClientOption{nil}, "nil option"},
+	}
+	for _, tc := range cases {
+		tr, err := httpidem.NewTransport(tc.opts...)
+		if tr != nil || !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrInvalidArgument naming %q", tc.name, err, tc.want)
+		}
+	}
+	// The zero Transport is the defaults: it retries a 503 up to
+	// DefaultMaxAttempts times.
+	s := &statusServer{statuses: []int{503, 503, 200}, retryAfter: "0"}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	if resp, _ := post(t, &httpidem.Transport{}, srv.URL, "k", "b"); resp.StatusCode != 200 || s.attempts.Load() != 3 {
+		t.Errorf("zero Transport: %d after %d attempts, want 200 after 3", resp.StatusCode, s.attempts.Load())
+	}
+}
+
+// A key header set by WithClientHeaders is the one the Transport looks
+// for and retries.
+func TestTransportClientHeaders(t *testing.T) {
+	var attempts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Key") != "k" {
+			t.Errorf("key header %q", r.Header.Get("X-Key"))
+		}
+		if attempts.Add(1) == 1 {
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		w.Header().Set("X-Replayed", "true")
+		w.WriteHeader(http.StatusConflict) // replayed: never retried
+	}))
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(t, httpidem.WithClientHeaders("x-key", "x-replayed"))
+	req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+	req.Header.Set("X-Key", "k")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 409 || attempts.Load() != 2 {
+		t.Fatalf("%d after %d attempts, want the replayed 409 after 2", resp.StatusCode, attempts.Load())
 	}
 }
