@@ -27,6 +27,10 @@ const (
 	DefaultMinBackoff = edge.DefaultMinBackoff
 	// DefaultMaxBackoff caps the doubling backoff ([WithBackoff]).
 	DefaultMaxBackoff = edge.DefaultMaxBackoff
+	// DefaultMaxLeaseWait bounds how long after its first attempt a call
+	// keeps retrying an Aborted answer that tells the time left on the
+	// holder's lease ([WithMaxLeaseWait]).
+	DefaultMaxLeaseWait = edge.DefaultMaxLeaseWait
 )
 
 // NewKey returns a new idempotency key: a random (version 4) UUID. Make
@@ -88,6 +92,19 @@ func WithAttemptTimeout(d time.Duration) ClientOption {
 // that is longer. Default: [DefaultMinBackoff], [DefaultMaxBackoff].
 func WithBackoff(min, max time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.backoff.MinBackoff, c.backoff.MaxBackoff = min, max })
+}
+
+// WithMaxLeaseWait bounds how long after the first attempt the
+// interceptor keeps retrying an Aborted answer (reason [ReasonInProgress])
+// that tells the time left on the lease of the call holding the key
+// ([LeaseRemaining]). Such an answer extends [WithMaxElapsed] to that
+// lease's end (and a second), so that when the holder crashed, a retry
+// arrives once its lease has ended and takes the key over, and it does
+// not count against [WithMaxAttempts]; the waits are still the backoff's
+// and RetryInfo's. The call's deadline still bounds it. 0 turns this off.
+// Default: [DefaultMaxLeaseWait] (1 minute).
+func WithMaxLeaseWait(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxLeaseWait = d })
 }
 
 // WithClientMethods sets the methods whose calls get a key and are
@@ -208,6 +225,9 @@ func (c *clientConfig) answer(err error, header, trailer metadata.MD) edge.Answe
 	}
 	a := edge.Answer{Retry: true}
 	a.Hint, _ = RetryDelay(err)
+	if status.Code(err) == codes.Aborted {
+		a.LeaseLeft, _ = LeaseRemaining(err)
+	}
 	return a
 }
 

@@ -27,6 +27,14 @@ const (
 	// (about 4/3 of that with a codec of your own that encodes bytes as
 	// JSON does).
 	DefaultMaxResponseSize = 256 << 10
+	// LeaseHeader is the header of a 409 that says, in whole seconds
+	// rounded up, how long the lease of the request holding the key still
+	// runs: when it has passed, the store lets a retry take over the key
+	// of a holder that crashed. Retry-After says when to poll again (at
+	// most [WithMaxRetryAfter]); this header says how long polling can
+	// take at the most if the holder is gone, and the [Transport] follows
+	// it ([WithMaxLeaseWait]). Not a standard header.
+	LeaseHeader = "Idempotency-Lease-Remaining"
 	// DefaultMaxRetryAfter caps the Retry-After of a 409: the holder's
 	// remaining lease bounds a crash, not the usual run, which is much
 	// shorter.
@@ -89,6 +97,9 @@ type config struct {
 	maxResponse   int
 	stored        map[string]string // canonical name -> itself, to share the string
 	maxRetryAfter time.Duration
+	render        ErrorRenderer
+	renderSet     bool
+	observer      idempotency.Observer
 }
 
 func defaultConfig() config {
@@ -134,6 +145,10 @@ func (c *config) validateConfig() error {
 		return invalidArg("max response size must be positive, got %d", c.maxResponse)
 	case c.maxRetryAfter < time.Second:
 		return invalidArg("max Retry-After must be at least 1s, got %v", c.maxRetryAfter)
+	case c.renderSet && c.render == nil:
+		return invalidArg("WithErrorRenderer: nil renderer")
+	case edge.IsNil(c.observer) && c.observer != nil:
+		return invalidArg("WithObserver: nil observer (%T)", c.observer)
 	}
 	for _, m := range c.methods {
 		if m == "" || !validHeaderName(m) {
@@ -258,4 +273,25 @@ func WithStoredHeaders(names ...string) Option {
 // one second). Default: [DefaultMaxRetryAfter].
 func WithMaxRetryAfter(max time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRetryAfter = max })
+}
+
+// WithErrorRenderer sets the function that writes the middleware's own
+// answers (see [ErrorAnswer]): their body and headers, for clients that
+// cannot read RFC 9457 problems or read another error shape (the
+// examples module shows one for stripe-go). A nil renderer is refused.
+// Default: [RenderProblem].
+func WithErrorRenderer(render ErrorRenderer) Option {
+	return optionFunc(func(c *config) { c.render, c.renderSet = render, true })
+}
+
+// WithObserver sets an observer (the runner's, such as otelidem's) to
+// which the middleware reports the requests it refuses before calling
+// the executor, which never hears of them: a key missing or malformed, a
+// body too large or unreadable, a scope rejected. Each is an event of
+// outcome [idempotency.OutcomeInvalidKey] whose Err matches
+// [idempotency.ErrInvalidKey] and says which (a rejected scope wraps the
+// scope function's error). Calls the executor makes are reported by its
+// runner, not here. Default: none.
+func WithObserver(o idempotency.Observer) Option {
+	return optionFunc(func(c *config) { c.observer = o })
 }

@@ -1,10 +1,12 @@
 package httpidem
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -120,6 +122,26 @@ func (rec *recorder) Flush() {
 // Unwrap gives http.ResponseController access to the connection's
 // deadlines.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
+
+// Hijack hands the connection to the handler, through a type assertion
+// (http.Hijacker) or http.ResponseController alike. What the handler
+// then writes goes to the client unseen: the response is out of the
+// middleware's hands, so, as for a response too large to store, only a
+// marker is stored and retries get 410, never a second run. It fails,
+// changing nothing, where the server's writer cannot hijack (HTTP/2).
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.done || rec.status != 0 {
+		return nil, nil, errors.New("httpidem: hijack after the response began")
+	}
+	conn, rw, err := http.NewResponseController(rec.w).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	rec.direct, rec.flushed, rec.body = true, true, nil
+	rec.status = http.StatusOK // what the marker records; nothing is sent
+	rec.sent = true
+	return conn, rw, nil
+}
 
 // goDirect sends the buffered part and switches to streaming.
 func (rec *recorder) goDirect() {

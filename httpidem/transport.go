@@ -112,6 +112,20 @@ func WithBackoff(min, max time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.backoff.MinBackoff, c.backoff.MaxBackoff = min, max })
 }
 
+// WithMaxLeaseWait bounds how long after the first attempt the Transport
+// keeps retrying a 409 whose [LeaseHeader] tells the time left on the
+// lease of the request that holds the key. Such a 409 extends
+// [WithMaxElapsed] to that lease's end (and a second), so that when the
+// holder crashed, a retry arrives once its lease has ended and takes the
+// key over, and it does not count against [WithMaxAttempts]; the waits
+// are still the backoff's and Retry-After's. With every default, a
+// request whose first attempt crashed the server survives the server's
+// default 30 s lease. 0 turns this off: a 409 counts like a 503.
+// Default: [DefaultMaxLeaseWait] (1 minute).
+func WithMaxLeaseWait(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxLeaseWait = d })
+}
+
 // NewTransport returns a [Transport] configured by opts. It returns an
 // error wrapping [idempotency.ErrInvalidArgument], naming the option, for
 // an invalid one.
@@ -156,7 +170,12 @@ func NewTransport(opts ...ClientOption) (*Transport, error) {
 // Retry-After if that is longer ([WithBackoff]). It stops after
 // [WithMaxAttempts] attempts, or when the next wait would end after
 // [WithMaxElapsed] from the first attempt or after the request context's
-// deadline; it then returns the last response or error as it is.
+// deadline; it then returns the last response or error as it is. A 409
+// that tells the time left on the holder's lease ([LeaseHeader]) extends
+// that budget to the lease's end, within [WithMaxLeaseWait] (1 minute) of
+// the first attempt, and does not count as an attempt: a holder that
+// crashed is taken over by the retry after its lease (the server's
+// default lease is 30 s).
 //
 // Every attempt sends the same key and, through Request.GetBody, the same
 // body (http.NewRequest sets GetBody for the usual body types). A request
@@ -223,6 +242,9 @@ func (c *clientConfig) answer(resp *http.Response, err error) edge.Answer {
 		return a
 	}
 	a.Hint, _ = retryAfter(resp.Header.Get("Retry-After"), c.now)
+	if resp.StatusCode == http.StatusConflict {
+		a.LeaseLeft = leaseLeft(resp.Header.Get(LeaseHeader))
+	}
 	a.Discard = func() {
 		// Drain a little so the connection can be reused.
 		io.CopyN(io.Discard, resp.Body, 64<<10)
@@ -272,6 +294,16 @@ func (c *clientConfig) retryable(resp *http.Response) bool {
 	}
 	s := resp.StatusCode
 	return s >= 500 || s == http.StatusTooManyRequests || s == http.StatusConflict
+}
+
+// leaseLeft parses a [LeaseHeader] value, delay-seconds; 0 for none, or
+// for a value that is malformed or longer than a day.
+func leaseLeft(v string) time.Duration {
+	s, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || s < 0 || s > int64(24*time.Hour/time.Second) {
+		return 0
+	}
+	return time.Duration(s) * time.Second
 }
 
 // retryAfter parses a Retry-After value: delay-seconds or an HTTP date.

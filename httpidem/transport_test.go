@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -531,5 +532,75 @@ func TestTransportClientHeaders(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 409 || attempts.Load() != 2 {
 		t.Fatalf("%d after %d attempts, want the replayed 409 after 2", resp.StatusCode, attempts.Load())
+	}
+}
+
+// leaseServer answers 409 with Retry-After: 1 and the lease header while
+// the fake clock is before free (a crashed holder's lease, not renewed),
+// then 201. lease is what the header says: left until free by default.
+type leaseServer struct {
+	clock    *fakeTime
+	free     time.Time
+	lease    string // "" for the time left until free
+	attempts atomic.Int64
+}
+
+func (s *leaseServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.attempts.Add(1)
+	now := s.clock.Now()
+	if now.Before(s.free) {
+		w.Header().Set("Retry-After", "1")
+		lease := s.lease
+		if lease == "" {
+			lease = strconv.Itoa(int((s.free.Sub(now) + time.Second - 1) / time.Second))
+		}
+		w.Header().Set(httpidem.LeaseHeader, lease)
+		w.WriteHeader(http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
+// A 409 that tells the holder's lease keeps a Transport with every
+// default retrying until that lease has ended (a crashed holder is taken
+// over then), beyond MaxAttempts and MaxElapsed, but never beyond
+// MaxLeaseWait; without the header, or with WithMaxLeaseWait(0), the
+// defaults give up after 5 attempts.
+func TestTransportFollowsTheHoldersLease(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lease    string // the header; "" the true time left
+		leaseFor time.Duration
+		opts     []httpidem.ClientOption
+		want     int
+	}{
+		{"default lease 30s", "", 30 * time.Second, nil, 201},
+		{"lease past MaxElapsed", "", 50 * time.Second, nil, 201},
+		{"no lease wait", "", 30 * time.Second, []httpidem.ClientOption{httpidem.WithMaxLeaseWait(0)}, 409},
+		{"longer than MaxLeaseWait", "", 90 * time.Second, nil, 409},
+		{"a live holder renewing", "30", time.Hour, nil, 409},
+		{"malformed header", "soon", 30 * time.Second, nil, 409},
+		{"absurd header", "99999999", 30 * time.Second, nil, 409},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeTime()
+			s := &leaseServer{clock: clock, free: clock.Now().Add(tc.leaseFor), lease: tc.lease}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			resp, _ := post(t, clock.transport(t, tc.opts...), srv.URL, "k", "b")
+			elapsed := clock.Now().Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d after %d attempts and %v, want %d", resp.StatusCode, s.attempts.Load(), elapsed, tc.want)
+			}
+			switch {
+			case tc.want == 201 && elapsed < tc.leaseFor:
+				t.Fatalf("201 after %v, before the lease of %v ended", elapsed, tc.leaseFor)
+			case tc.want == 409 && tc.name != "no lease wait" && tc.lease == "" && elapsed > httpidem.DefaultMaxLeaseWait:
+				t.Fatalf("gave up after %v, past MaxLeaseWait %v", elapsed, httpidem.DefaultMaxLeaseWait)
+			case tc.want == 409 && tc.lease != "" && tc.lease != "30" && s.attempts.Load() != httpidem.DefaultMaxAttempts:
+				t.Fatalf("a bad header: %d attempts, want the plain %d", s.attempts.Load(), httpidem.DefaultMaxAttempts)
+			}
+			t.Logf("%d after %d attempts and %v", resp.StatusCode, s.attempts.Load(), elapsed)
+		})
 	}
 }
