@@ -288,6 +288,16 @@ func (b *cancelBody) Close() error {
 	return err
 }
 
+// ShouldRetry reports whether the [Transport] would retry, with the same
+// key, an attempt that ended with resp or err (with the default header
+// names): after a network error, and after a 5xx, 429 or 409 that is not
+// marked replayed. It is the rule to give the retry policy of another
+// client, such as go-retryablehttp's CheckRetry (see the examples
+// module's clients package).
+func ShouldRetry(resp *http.Response, err error) bool {
+	return err != nil || (resp != nil && defaultClient.retryable(resp))
+}
+
 func (c *clientConfig) retryable(resp *http.Response) bool {
 	if v := resp.Header[c.replayHeader]; len(v) > 0 && strings.EqualFold(strings.TrimSpace(v[0]), "true") {
 		return false
