@@ -131,14 +131,18 @@ func New(exec idempotency.Executor, opts ...Option) (func(http.Handler) http.Han
 		return nil, err
 	}
 	m := &middleware{exec: exec, cfg: cfg}
+	if r, ok := exec.(interface{ Retention() time.Duration }); ok && cfg.expiresHeader != "" {
+		m.retention = r.Retention()
+	}
 	return func(next http.Handler) http.Handler {
 		return &handler{m: m, next: next}
 	}, nil
 }
 
 type middleware struct {
-	exec idempotency.Executor
-	cfg  config
+	exec      idempotency.Executor
+	cfg       config
+	retention time.Duration // the executor's, when it tells it and the expiry header is on
 }
 
 type handler struct {
@@ -249,6 +253,10 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		// The handler ran: its response is the truth for this client, also
 		// when it was not stored (5xx, 408, 429: released), or when the
 		// store failed after it or the lease was lost under it.
+		if rec.expires > 0 && res.Outcome == idempotency.OutcomeCompleted && !rec.direct {
+			// Stored: say until when the key is honoured.
+			rec.header[c.expiresHeader] = []string{httpDate(rec.expires)}
+		}
 		rec.flush()
 	case res.Outcome == idempotency.OutcomeReplay && err == nil:
 		m.replay(w, r, res.Value)
@@ -358,7 +366,7 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 		run.rec = new(recorder)
 	}
 	rec := run.rec
-	*rec = recorder{w: run.w, header: make(http.Header), limit: c.maxResponse}
+	*rec = recorder{w: run.w, header: make(http.Header), limit: c.maxResponse, refOK: c.renderRef != nil}
 	if run.runs == 1 {
 		rec.body, stored = run.buf.body[:0], run.buf.stored[:0]
 	}
@@ -371,6 +379,11 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 	rec.finish()
 	if !Stored(rec.status) {
 		return nil, ErrTransient
+	}
+	if d := run.m.retention; d > 0 {
+		// The store keeps the record for the retention from its clock at
+		// completion, after this: by the same clock, never later.
+		rec.expires = time.Now().Add(d).Unix()
 	}
 	stored = rec.encode(stored, c.stored)
 	if run.runs == 1 {
@@ -416,7 +429,9 @@ func (m *middleware) answerPanic(w http.ResponseWriter, r *http.Request, rec *re
 }
 
 func (m *middleware) replay(w http.ResponseWriter, r *http.Request, b []byte) {
-	s, err := decodeStored(b, w.Header(), m.cfg.stored)
+	c := &m.cfg
+	h := w.Header()
+	s, err := decodeStored(b, h, c.stored)
 	if err != nil {
 		a := answers[idempotency.OutcomeCorrupt]
 		m.answer(w, r, idempotency.OutcomeCorrupt, a.status, a.typ, a.detail, 0, 0)
@@ -426,8 +441,59 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, b []byte) {
 		m.notStored(w, r)
 		return
 	}
-	w.Header()[m.cfg.replayHeader] = trueValue
+	h[c.replayHeader] = trueValue
+	if s.expires > 0 && c.expiresHeader != "" {
+		h[c.expiresHeader] = []string{httpDate(s.expires)}
+	}
+	if c.replayHook != nil {
+		rr := &ReplayedResponse{Status: s.status, Header: h}
+		if s.reference {
+			rr.Reference = string(s.body)
+		} else {
+			rr.body = s.body
+		}
+		c.replayHook(r, rr)
+	}
+	if s.reference {
+		m.renderReference(w, r, s)
+		return
+	}
 	writeBody(w, s.status, s.body)
+}
+
+// renderReference answers a replay of a response stored by reference
+// through the renderer; a renderer that fails before it wrote anything
+// gets a 500 problem, and the handler is never run again.
+func (m *middleware) renderReference(w http.ResponseWriter, r *http.Request, s stored) {
+	render := m.cfg.renderRef
+	if render == nil {
+		a := answers[idempotency.OutcomeCorrupt]
+		m.answer(w, r, idempotency.OutcomeCorrupt, a.status, ProblemReferenceFailed,
+			"the response of this key was stored by reference, and this middleware has no reference renderer; the request is not run again", 0, 0)
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	err := render(sw, r, Reference{Ref: string(s.body), Status: s.status})
+	if err != nil && !sw.wrote {
+		h := w.Header()
+		for k := range h {
+			if k != m.cfg.replayHeader && k != m.cfg.expiresHeader {
+				delete(h, k)
+			}
+		}
+		m.answer(w, r, idempotency.OutcomeReplay, http.StatusInternalServerError, ProblemReferenceFailed,
+			"the response of this key was stored by reference, and the reference could not be rendered; the request is not run again", 0, 0)
+		return
+	}
+	if !sw.wrote {
+		w.WriteHeader(s.status)
+	}
+}
+
+// httpDate formats Unix seconds as an HTTP-date (RFC 9110 IMF-fixdate).
+func httpDate(unix int64) string {
+	var b [len(http.TimeFormat)]byte
+	return string(time.Unix(unix, 0).UTC().AppendFormat(b[:0], http.TimeFormat))
 }
 
 var trueValue = []string{"true"}

@@ -51,6 +51,10 @@ const (
 	// be read (written by another version or codec, or damaged). The
 	// request is not run again: an operator must inspect the record.
 	ProblemResultCorrupt = problemBase + "ProblemResultCorrupt"
+	// ProblemReferenceFailed (500): the response of this key was stored
+	// by reference ([StoreReference]) and the reference could not be
+	// rendered ([WithReferenceRenderer]). The request is not run again.
+	ProblemReferenceFailed = problemBase + "ProblemReferenceFailed"
 	// ProblemInternal (500): the handler panicked (the key was released,
 	// so a retry runs it again), or the request failed in a way the
 	// middleware cannot classify.
@@ -90,6 +94,7 @@ var problemTitles = map[string]string{
 	ProblemStoreUnavailable:  "Idempotency store unavailable",
 	ProblemScopeRejected:     "Request scope rejected",
 	ProblemResultCorrupt:     "Stored response unreadable",
+	ProblemReferenceFailed:   "Stored reference not rendered",
 	ProblemInternal:          "Internal error",
 }
 

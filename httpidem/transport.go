@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,16 +51,20 @@ func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
 type clientConfig struct {
 	base                    http.RoundTripper
 	keyHeader, replayHeader string // canonical
+	expiresHeader           string // canonical; "": ignored
+	autoKey                 []string
 	attemptTimeout          time.Duration
 	backoff                 edge.Backoff
 }
 
 func defaultClientConfig() clientConfig {
 	return clientConfig{
-		base:         http.DefaultTransport,
-		keyHeader:    DefaultKeyHeader,
-		replayHeader: DefaultReplayHeader,
-		backoff:      edge.DefaultBackoff(),
+		base:          http.DefaultTransport,
+		keyHeader:     DefaultKeyHeader,
+		replayHeader:  DefaultReplayHeader,
+		expiresHeader: DefaultExpiresHeader,
+		autoKey:       DefaultMethods,
+		backoff:       edge.DefaultBackoff(),
 	}
 }
 
@@ -79,6 +84,31 @@ func WithClientHeaders(key, replay string) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) {
 		c.keyHeader, c.replayHeader = textproto.CanonicalMIMEHeaderKey(key), textproto.CanonicalMIMEHeaderKey(replay)
 	})
+}
+
+// WithClientExpiresHeader names the response header from which the
+// Transport reads until when the server honours the key (the server's
+// [WithExpiresHeader]); "" ignores it. Default: [DefaultExpiresHeader].
+func WithClientExpiresHeader(name string) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.expiresHeader = textproto.CanonicalMIMEHeaderKey(name) })
+}
+
+// WithAutoKey sets the methods of the requests to which the Transport
+// attaches a key of its own ([NewKey]) when they have none, so that they
+// are retried safely: one key per RoundTrip, sent by every attempt of
+// that call and never by another. WithAutoKey() attaches none. Default:
+// [DefaultMethods] (POST and PATCH), as Stripe's SDKs do.
+//
+// A key made by the Transport covers the retries the Transport makes. It
+// cannot cover a retry the caller makes by calling RoundTrip (or
+// http.Client.Do) again for the same intent, nor a redirect that
+// http.Client follows as a new request: those get a new key, so the
+// server runs them again. A caller that retries by itself must make the
+// intent's key ([NewKey], [SetKey]) and send it with every call, as
+// before. A request with a body that cannot be rewound (no GetBody) gets
+// a key but is sent once.
+func WithAutoKey(methods ...string) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.autoKey = append([]string(nil), methods...) })
 }
 
 // WithMaxAttempts bounds the attempts per request, the first included.
@@ -147,6 +177,8 @@ func NewTransport(opts ...ClientOption) (*Transport, error) {
 		return nil, invalidArg("WithClientHeaders: invalid key header name %q", c.keyHeader)
 	case !validHeaderName(c.replayHeader):
 		return nil, invalidArg("WithClientHeaders: invalid replay header name %q", c.replayHeader)
+	case c.expiresHeader != "" && !validHeaderName(c.expiresHeader):
+		return nil, invalidArg("WithClientExpiresHeader: invalid header name %q", c.expiresHeader)
 	case c.attemptTimeout < 0:
 		return nil, invalidArg("WithAttemptTimeout: must not be negative, got %v", c.attemptTimeout)
 	}
@@ -178,8 +210,16 @@ func NewTransport(opts ...ClientOption) (*Transport, error) {
 // default lease is 30 s).
 //
 // Every attempt sends the same key and, through Request.GetBody, the same
-// body (http.NewRequest sets GetBody for the usual body types). A request
-// with a body but no GetBody, or without a key, is sent once.
+// body (http.NewRequest sets GetBody for the usual body types). A POST or
+// PATCH without a key gets one made for the call ([WithAutoKey]). A
+// request with a body but no GetBody, or without a key, is sent once.
+//
+// A response that tells until when the server honours the key
+// ([DefaultExpiresHeader], an HTTP-date) stops the retries once that time
+// has passed or would pass before the next attempt: the RoundTrip then
+// returns an error matching [ErrKeyExpired] (the server would no longer
+// know the key, and could run the request again). A malformed or absurd
+// expiry is ignored; an expiry never makes the Transport retry longer.
 //
 // Bound an attempt itself with [WithAttemptTimeout], and the whole call
 // with the request's context or http.Client.Timeout. A canceled context
@@ -196,6 +236,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	c := t.cfg
 	if c == nil {
 		c = &defaultClient
+	}
+	if len(req.Header[c.keyHeader]) == 0 && slices.Contains(c.autoKey, req.Method) {
+		// A RoundTripper must not change the caller's request.
+		req = req.Clone(req.Context())
+		req.Header[c.keyHeader] = []string{NewKey()}
 	}
 	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	if len(req.Header[c.keyHeader]) == 0 || !rewindable {
@@ -219,8 +264,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				r.Body = body
 			}
 		}
+		sent := c.now()
 		resp, err = c.attempt(r)
-		return c.answer(resp, err)
+		return c.answer(resp, err, sent)
 	})
 	if rerr != nil {
 		// The caller gave up (its error wins), or the key expired.
@@ -233,11 +279,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // answer tells the retry loop what an attempt's outcome means.
-func (c *clientConfig) answer(resp *http.Response, err error) edge.Answer {
+func (c *clientConfig) answer(resp *http.Response, err error, sent time.Time) edge.Answer {
 	if err != nil {
 		return edge.Answer{Retry: true}
 	}
 	a := edge.Answer{Retry: c.retryable(resp)}
+	if c.expiresHeader != "" {
+		a.Expires = expiresAt(resp.Header.Get(c.expiresHeader), sent)
+	}
 	if !a.Retry {
 		return a
 	}
@@ -304,6 +353,21 @@ func (c *clientConfig) retryable(resp *http.Response) bool {
 	}
 	s := resp.StatusCode
 	return s >= 500 || s == http.StatusTooManyRequests || s == http.StatusConflict
+}
+
+// expiresAt parses an expiry header, an HTTP-date; zero for none, or for
+// a value that is malformed or absurd: earlier than the attempt that got
+// it was sent (the server has just answered for the key), or more than
+// ten years ahead. An expiry only ever stops retries sooner.
+func expiresAt(v string, sent time.Time) time.Time {
+	if v == "" {
+		return time.Time{}
+	}
+	t, err := http.ParseTime(v)
+	if err != nil || t.Before(sent.Truncate(time.Second)) || t.After(sent.AddDate(10, 0, 0)) {
+		return time.Time{}
+	}
+	return t
 }
 
 // leaseLeft parses a [LeaseHeader] value, delay-seconds; 0 for none, or

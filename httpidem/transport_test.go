@@ -364,8 +364,8 @@ func TestTransportOnlyKeyedRewindableRequests(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(t)
-	// No key: the request may not be safe to repeat.
+	tr := clock.transport(t, httpidem.WithAutoKey())
+	// No key (and none made): the request may not be safe to repeat.
 	if resp, _ := post(t, tr, srv.URL, "", "b"); resp.StatusCode != 503 || s.attempts.Load() != 1 {
 		t.Fatalf("unkeyed: %d after %d attempts", resp.StatusCode, s.attempts.Load())
 	}
@@ -601,6 +601,104 @@ func TestTransportFollowsTheHoldersLease(t *testing.T) {
 				t.Fatalf("a bad header: %d attempts, want the plain %d", s.attempts.Load(), httpidem.DefaultMaxAttempts)
 			}
 			t.Logf("%d after %d attempts and %v", resp.StatusCode, s.attempts.Load(), elapsed)
+		})
+	}
+}
+
+// A POST or PATCH without a key gets one per RoundTrip, sent by each of
+// its attempts and by no other call; other methods get none; the caller's
+// request is left as it was.
+func TestTransportAutoKey(t *testing.T) {
+	s := &statusServer{statuses: []int{503, 200}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(t)
+	for _, method := range []string{"POST", "PATCH", "PUT"} {
+		s.attempts.Store(0)
+		s.mu.Lock()
+		s.keys = nil
+		s.mu.Unlock()
+		var keys []string
+		for range 2 { // two calls: two intents
+			req, _ := http.NewRequest(method, srv.URL, strings.NewReader("b"))
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if req.Header.Get("Idempotency-Key") != "" {
+				t.Fatalf("%s: the caller's request was changed", method)
+			}
+			s.attempts.Store(0)
+		}
+		s.mu.Lock()
+		keys = append(keys, s.keys...)
+		s.mu.Unlock()
+		if method == "PUT" {
+			if len(keys) != 2 || keys[0] != "" || keys[1] != "" {
+				t.Fatalf("PUT: keys %q, want none, sent once per call", keys)
+			}
+			continue
+		}
+		if len(keys) != 4 || keys[0] == "" || keys[0] != keys[1] || keys[2] != keys[3] || keys[1] == keys[2] {
+			t.Fatalf("%s: keys %q, want one key per call, the same on its retry", method, keys)
+		}
+	}
+}
+
+// expiryServer answers 503 with the expiry header set to expires.
+type expiryServer struct {
+	expires  string
+	attempts atomic.Int64
+}
+
+func (s *expiryServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.attempts.Add(1)
+	w.Header().Set("Idempotency-Key-Expires", s.expires)
+	w.Header().Set("Retry-After", "10")
+	w.WriteHeader(http.StatusServiceUnavailable)
+}
+
+// The Transport stops retrying, with ErrKeyExpired, once the key's
+// advertised expiry has passed or would pass before the next attempt; a
+// malformed or absurd expiry is ignored (the plain budget applies), and
+// never makes it retry longer.
+func TestTransportStopsAtTheKeysExpiry(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		expires  string
+		attempts int64
+		expired  bool
+	}{
+		{"expires before the next attempt", start.Add(5 * time.Second).Format(http.TimeFormat), 1, true},
+		{"expires after two retries", start.Add(25 * time.Second).Format(http.TimeFormat), 3, true},
+		{"far ahead", start.Add(24 * time.Hour).Format(http.TimeFormat), 4, false},
+		{"malformed", "tomorrow", 4, false},
+		{"in the past (absurd)", start.Add(-time.Hour).Format(http.TimeFormat), 4, false},
+		{"centuries ahead (absurd)", "Fri, 01 Jan 2500 00:00:00 GMT", 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &expiryServer{expires: tc.expires}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			clock := newFakeTime()
+			// 4 attempts, each 10 s apart (Retry-After), within 30 s.
+			tr := clock.transport(t, httpidem.WithMaxAttempts(4))
+			req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+			httpidem.SetKey(req, "k")
+			resp, err := tr.RoundTrip(req)
+			if tc.expired {
+				if !errors.Is(err, httpidem.ErrKeyExpired) || resp != nil || s.attempts.Load() != tc.attempts {
+					t.Fatalf("%v, %v after %d attempts; want ErrKeyExpired after %d", resp, err, s.attempts.Load(), tc.attempts)
+				}
+				return
+			}
+			if err != nil || resp.StatusCode != 503 || s.attempts.Load() != tc.attempts {
+				t.Fatalf("%v after %d attempts; want the last 503 after %d", err, s.attempts.Load(), tc.attempts)
+			}
+			resp.Body.Close()
 		})
 	}
 }
