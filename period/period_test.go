@@ -96,7 +96,7 @@ func TestMonth(t *testing.T) {
 // Fixed intervals count from the epoch in UTC: time zones and daylight
 // saving changes do not move them.
 func TestEvery(t *testing.T) {
-	q := mustPeriod(period.Every(15*time.Minute))
+	q := mustPeriod(period.Every(15 * time.Minute))
 	paris, _ := time.LoadLocation("Europe/Paris")
 	i := at(t, "2026-03-29T01:59:59Z").In(paris) // 03:59:59 CEST
 	if got := q.Key("sync", i); got != "sync/every-900s/2026-03-29T01:45:00Z" {
