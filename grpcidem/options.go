@@ -55,10 +55,12 @@ type FingerprintFunc func(fullMethod string, req any) (idempotency.Fingerprint, 
 //
 // A non-nil error rejects the call: the handler does not run and nothing
 // is claimed. An error carrying a gRPC status (status.Error(codes.Unauthenticated,
-// "log in first"), also wrapped) is sent as it is, unless its code is OK
-// or Unknown; any other error gives PermissionDenied with a generic
-// message (the error's text is not sent, as it may describe internals)
-// and an [errdetails.ErrorInfo] of reason [ReasonScopeRejected]. No parts,
+// "log in first"), also wrapped) is sent with its code, message and
+// details, unless its code is OK or Unknown; any other error gives
+// PermissionDenied with a generic message (the error's text is not sent,
+// as it may describe internals). Either way the error carries an
+// [errdetails.ErrorInfo] of reason [ReasonScopeRejected] (added to the
+// scope function's status unless it has one of [ErrorDomain]). No parts,
 // or an empty part, is rejected the same way: a missing tenant must not
 // fall back to a key space shared with other calls that lack one.
 type ScopeFunc func(ctx context.Context, fullMethod string) ([]string, error)

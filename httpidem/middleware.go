@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -143,6 +144,25 @@ type middleware struct {
 	exec      idempotency.Executor
 	cfg       config
 	retention time.Duration // the executor's, when it tells it and the expiry header is on
+	// expires is the last expiry header value made: the fresh responses
+	// of one second, and the replays of one record, share it instead of
+	// formatting a date each (values are never changed once sent).
+	expires atomic.Pointer[expiresValue]
+}
+
+type expiresValue struct {
+	unix int64
+	v    []string
+}
+
+// expiresHeader returns the expiry header's value for unix seconds.
+func (m *middleware) expiresHeader(unix int64) []string {
+	if e := m.expires.Load(); e != nil && e.unix == unix {
+		return e.v
+	}
+	e := &expiresValue{unix: unix, v: []string{httpDate(unix)}}
+	m.expires.Store(e)
+	return e.v
 }
 
 type handler struct {
@@ -255,7 +275,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		// store failed after it or the lease was lost under it.
 		if rec.expires > 0 && res.Outcome == idempotency.OutcomeCompleted && !rec.direct {
 			// Stored: say until when the key is honoured.
-			rec.header[c.expiresHeader] = []string{httpDate(rec.expires)}
+			rec.header[c.expiresHeader] = m.expiresHeader(rec.expires)
 		}
 		rec.flush()
 	case res.Outcome == idempotency.OutcomeReplay && err == nil:
@@ -443,7 +463,7 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, b []byte) {
 	}
 	h[c.replayHeader] = trueValue
 	if s.expires > 0 && c.expiresHeader != "" {
-		h[c.expiresHeader] = []string{httpDate(s.expires)}
+		h[c.expiresHeader] = m.expiresHeader(s.expires)
 	}
 	if c.replayHook != nil {
 		rr := &ReplayedResponse{Status: s.status, Header: h}
