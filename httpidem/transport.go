@@ -37,8 +37,7 @@ const (
 // retrying because the key's advertised expiry (the [DefaultExpiresHeader]
 // of an earlier attempt's response) has passed or would pass before the
 // next attempt: the server would no longer know the key, and a retry
-// could run the request a second time. It is the same error as grpcidem's
-// ErrKeyExpired.
+// could run the request a second time.
 var ErrKeyExpired = edge.ErrKeyExpired
 
 // A ClientOption configures the [Transport] made by [NewTransport].

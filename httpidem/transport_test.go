@@ -539,17 +539,20 @@ func TestTransportClientHeaders(t *testing.T) {
 // the fake clock is before free (a crashed holder's lease, not renewed),
 // then 201. lease is what the header says: left until free by default.
 type leaseServer struct {
-	clock    *fakeTime
-	free     time.Time
-	lease    string // "" for the time left until free
-	attempts atomic.Int64
+	clock        *fakeTime
+	free         time.Time
+	lease        string // "" for the time left until free
+	noRetryAfter bool
+	attempts     atomic.Int64
 }
 
 func (s *leaseServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.attempts.Add(1)
 	now := s.clock.Now()
 	if now.Before(s.free) {
-		w.Header().Set("Retry-After", "1")
+		if !s.noRetryAfter {
+			w.Header().Set("Retry-After", "1")
+		}
 		lease := s.lease
 		if lease == "" {
 			lease = strconv.Itoa(int((s.free.Sub(now) + time.Second - 1) / time.Second))
@@ -581,10 +584,12 @@ func TestTransportFollowsTheHoldersLease(t *testing.T) {
 		{"a live holder renewing", "30", time.Hour, nil, 409},
 		{"malformed header", "soon", 30 * time.Second, nil, 409},
 		{"absurd header", "99999999", 30 * time.Second, nil, 409},
+		{"no Retry-After, a holder renewing", "30", time.Hour, nil, 409},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := newFakeTime()
-			s := &leaseServer{clock: clock, free: clock.Now().Add(tc.leaseFor), lease: tc.lease}
+			s := &leaseServer{clock: clock, free: clock.Now().Add(tc.leaseFor), lease: tc.lease,
+				noRetryAfter: strings.HasPrefix(tc.name, "no Retry-After")}
 			srv := httptest.NewServer(s)
 			defer srv.Close()
 			resp, _ := post(t, clock.transport(t, tc.opts...), srv.URL, "k", "b")
@@ -596,6 +601,8 @@ func TestTransportFollowsTheHoldersLease(t *testing.T) {
 			case tc.want == 201 && elapsed < tc.leaseFor:
 				t.Fatalf("201 after %v, before the lease of %v ended", elapsed, tc.leaseFor)
 			case tc.want == 409 && tc.name != "no lease wait" && tc.lease == "" && elapsed > httpidem.DefaultMaxLeaseWait:
+				t.Fatalf("gave up after %v, past MaxLeaseWait %v", elapsed, httpidem.DefaultMaxLeaseWait)
+			case tc.want == 409 && elapsed > httpidem.DefaultMaxLeaseWait:
 				t.Fatalf("gave up after %v, past MaxLeaseWait %v", elapsed, httpidem.DefaultMaxLeaseWait)
 			case tc.want == 409 && tc.lease != "" && tc.lease != "30" && s.attempts.Load() != httpidem.DefaultMaxAttempts:
 				t.Fatalf("a bad header: %d attempts, want the plain %d", s.attempts.Load(), httpidem.DefaultMaxAttempts)

@@ -27,8 +27,8 @@ const (
 // ErrKeyExpired is returned by [Backoff.Retry] when the server advertised
 // when the key expires and that time has passed, or would pass before the
 // next attempt: after it the server no longer knows the key, and a retry
-// could run the request a second time. Every edge exports it under the
-// name ErrKeyExpired.
+// could run the request a second time. An edge whose server advertises
+// expiries exports it as ErrKeyExpired (httpidem).
 var ErrKeyExpired = errors.New("idempotency: the key's advertised expiry has passed or would pass before the next attempt, so a retry could run the request again: not retried")
 
 // Backoff is the client side's schedule of retries: at most MaxAttempts
@@ -135,6 +135,9 @@ func (b *Backoff) Retry(ctx context.Context, attempt func(ctx context.Context, n
 			last = maxTime(last, minTime(t.Add(a.LeaseLeft+LeaseMargin), leaseEnd))
 		} else if counted++; counted >= b.MaxAttempts {
 			return nil
+		}
+		if !t.Before(last) {
+			return nil // the budget, or the lease's, has passed
 		}
 		wait := b.jitter(min(backoff, b.MaxBackoff))
 		// Double up to the cap and stay there: doubling without bound
