@@ -163,6 +163,11 @@ func WithRetention(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.retention = d })
 }
 
+// Retention returns how long a completed result is kept ([WithRetention]),
+// from the store's clock at completion: an edge tells its clients when a
+// key expires from it (httpidem's Idempotency-Key-Expires).
+func (r *Runner) Retention() time.Duration { return r.cfg.retention }
+
 // WithGrace sets how long a STARTED record whose holder stopped renewing is
 // kept after its lease ends, so that a retry within that time takes it over
 // with its recovery points and a greater fence; after it, the record

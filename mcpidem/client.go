@@ -159,14 +159,13 @@ func WithClientKeyMeta(name string) ClientOption {
 // ClientMiddleware returns an error wrapping
 // [idempotency.ErrInvalidArgument] for an invalid option.
 func ClientMiddleware(opts ...ClientOption) (mcp.Middleware, error) {
-	c := &clientConfig{keyMeta: DefaultKeyMeta}
+	c := &clientConfig{keyMeta: DefaultKeyMeta, backoff: edge.DefaultBackoff()}
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalidArg("nil option")
 		}
 		o.applyClient(c)
 	}
-	c.backoff = c.backoff.Defaults()
 	switch {
 	case !validMetaKey(c.keyMeta):
 		return nil, invalidArg("WithClientKeyMeta: invalid _meta key %q", c.keyMeta)
@@ -197,22 +196,18 @@ func (c *clientConfig) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return next(ctx, method, req)
 		}
 		req = keyed
-		deadline, _ := ctx.Deadline()
-		sched := c.backoff.Start()
-		for {
-			res, err := c.attempt(ctx, next, req)
-			if err == nil || ctx.Err() != nil {
-				return res, err // a result, or the caller gave up: no retry
+		var res mcp.Result
+		var err error
+		// The last attempt's answer stands, also when the caller gave up.
+		_ = c.backoff.Retry(ctx, func(ctx context.Context, _ int) edge.Answer {
+			res, err = c.attempt(ctx, next, req)
+			if err == nil {
+				return edge.Answer{} // a result: never retried
 			}
 			hint, retry := c.retryable(err)
-			if !retry {
-				return res, err
-			}
-			wait, ok := sched.Next(hint, deadline)
-			if !ok || c.backoff.Wait(ctx, wait) != nil {
-				return res, err
-			}
-		}
+			return edge.Answer{Retry: retry, Hint: hint}
+		})
+		return res, err
 	}
 }
 

@@ -115,6 +115,10 @@ func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions
 	return e, nil
 }
 
+// Retention is the runner's retention ([idempotency.Runner.Retention]),
+// so that an edge on this executor can tell when a key expires.
+func (e *TxExecutor) Retention() time.Duration { return e.runner.Retention() }
+
 // Execute runs fn at most once for req in a transaction of its own, as
 // [TxExecutor] describes.
 func (e *TxExecutor) Execute(ctx context.Context, req idempotency.Request, fn func(ctx context.Context) ([]byte, error)) (idempotency.Result[[]byte], error) {

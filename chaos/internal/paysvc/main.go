@@ -84,6 +84,7 @@ func main() {
 	flag.StringVar(&c.prefix, "prefix", "", "the store's key prefix (redis-do)")
 	flag.StringVar(&c.ledger, "ledger", "", "the ledger table; its fence table is <ledger>_fences")
 	flag.DurationVar(&c.lease, "lease", time.Second, "the runner's lease")
+	flag.BoolVar(&c.defaults, "defaults", false, "the runner's defaults (30s lease, no wait) instead of -lease")
 	flag.BoolVar(&c.hooks, "hooks", false, "announce phases on stdout and wait for a line on stdin")
 	flag.BoolVar(&c.noDedup, "unsafe-no-downstream-dedup", false,
 		"the gateway ignores the downstream key (the harness's check that it would see a second charge)")
@@ -96,7 +97,7 @@ func main() {
 type config struct {
 	mode, edge, addr, pgURL, redisAddr, table, prefix, ledger string
 	lease                                                     time.Duration
-	hooks, noDedup                                            bool
+	hooks, noDedup, defaults                                  bool
 }
 
 func run(c config) error {
@@ -122,6 +123,9 @@ func run(c config) error {
 		// A retry that finds the crashed holder's key waits for its lease
 		// to end and takes it over, instead of a 409 and a 1s Retry-After.
 		idempotency.WithWait(10 * c.lease),
+	}
+	if c.defaults {
+		opts = nil
 	}
 	s := &service{pool: pool, noDedup: c.noDedup, ledger: pgx.Identifier{c.ledger}.Sanitize(),
 		fences: pgx.Identifier{c.ledger + "_fences"}.Sanitize()}
