@@ -219,28 +219,18 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			}
 			return notStoredMarker, nil
 		})
-	if res.Outcome == idempotency.OutcomeUnknown {
-		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
-	}
-	switch {
-	case res.Ran:
-		// The handler ran: its answer is the truth for this caller, also
-		// when it was not stored (a transient code: released), or when the
-		// store failed after it or the lease was lost under it.
+	route, outcome := edge.RouteOf(res, err)
+	res.Outcome = outcome
+	switch route {
+	case edge.Own:
 		return reply, herr
-	case res.Outcome == idempotency.OutcomeReplay && err == nil:
+	case edge.Replay:
 		return s.replay(ctx, res.Value)
-	case res.Outcome == idempotency.OutcomeResultNotStored:
+	case edge.NotStored:
 		return nil, s.notStored(ctx)
 	}
-	a := answers[idempotency.OutcomeUnknown]
-	if int(res.Outcome) < len(answers) && answers[res.Outcome].reason != "" {
-		a = answers[res.Outcome]
-	}
-	msg := a.msg
-	if msg == "" && err != nil {
-		msg = err.Error()
-	}
+	a := edge.Lookup(answers[:], outcome)
+	msg := edge.Detail(a.msg, err)
 	var lease time.Duration
 	if res.Outcome == idempotency.OutcomeInProgress {
 		lease = res.RetryAfter

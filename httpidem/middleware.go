@@ -265,32 +265,22 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// it was: the executor and the store keep no reference to them.
 	defer run.release()
 
-	if res.Outcome == idempotency.OutcomeUnknown {
-		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
-	}
+	route, outcome := edge.RouteOf(res, err)
+	res.Outcome = outcome
 	switch {
-	case res.Ran && rec != nil:
-		// The handler ran: its response is the truth for this client, also
-		// when it was not stored (5xx, 408, 429: released), or when the
-		// store failed after it or the lease was lost under it.
+	case route == edge.Own && rec != nil:
 		if rec.expires > 0 && res.Outcome == idempotency.OutcomeCompleted && !rec.direct {
 			// Stored: say until when the key is honoured.
 			rec.header[c.expiresHeader] = m.expiresHeader(rec.expires)
 		}
 		rec.flush()
-	case res.Outcome == idempotency.OutcomeReplay && err == nil:
+	case route == edge.Replay:
 		m.replay(w, r, res.Value)
-	case res.Outcome == idempotency.OutcomeResultNotStored:
+	case route == edge.NotStored:
 		m.notStored(w, r)
 	default:
-		a := answers[idempotency.OutcomeUnknown]
-		if int(res.Outcome) < len(answers) && answers[res.Outcome].status != 0 {
-			a = answers[res.Outcome]
-		}
-		detail := a.detail
-		if a.detail == "" && err != nil {
-			detail = err.Error()
-		}
+		a := edge.Lookup(answers[:], outcome)
+		detail := edge.Detail(a.detail, err)
 		var lease time.Duration
 		if res.Outcome == idempotency.OutcomeInProgress && !res.Ran {
 			lease = res.RetryAfter

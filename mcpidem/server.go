@@ -202,28 +202,18 @@ func (s *server) callTool(ctx context.Context, next mcp.MethodHandler, req *mcp.
 			}
 			return notStoredMarker, nil
 		})
-	if res.Outcome == idempotency.OutcomeUnknown {
-		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
-	}
-	switch {
-	case res.Ran:
-		// The tool ran: its answer is the truth for this caller, also when
-		// it was not stored (a transient error: released), or when the
-		// store failed after it or the lease was lost under it.
+	route, outcome := edge.RouteOf(res, err)
+	res.Outcome = outcome
+	switch route {
+	case edge.Own:
 		return out, herr
-	case res.Outcome == idempotency.OutcomeReplay && err == nil:
+	case edge.Replay:
 		return s.replay(res.Value)
-	case res.Outcome == idempotency.OutcomeResultNotStored:
+	case edge.NotStored:
 		return nil, notStored()
 	}
-	a := answers[idempotency.OutcomeUnknown]
-	if int(res.Outcome) < len(answers) && answers[res.Outcome].reason != "" {
-		a = answers[res.Outcome]
-	}
-	msg := a.msg
-	if msg == "" && err != nil {
-		msg = err.Error()
-	}
+	a := edge.Lookup(answers[:], outcome)
+	msg := edge.Detail(a.msg, err)
 	return nil, fail(a.code, a.reason, msg, idempotency.RetryAfter(res, c.maxRetryAfter))
 }
 
