@@ -2,9 +2,11 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -17,10 +19,15 @@ import (
 // of STARTED records (see keys.go), so that no listing reads the records
 // that are COMPLETED, which are nearly all of them.
 
-// stuckBatch is how many index entries one transaction checks: one range
-// op each, within etcd's default limit of 128 ops a transaction
-// (--max-txn-ops).
-const stuckBatch = 100
+// stuckBatch is how many index entries one transaction checks: one op
+// each, within etcd's default limit of 128 ops a transaction
+// (--max-txn-ops); stuckParallel how many such transactions a page sends
+// at once, so that a page among many live holders costs a few round
+// trips of time, not one per hundred holders.
+const (
+	stuckBatch    = 100
+	stuckParallel = 5
+)
 
 // stuckScan bounds the index entries one page of Stuck looks at beyond
 // the records it lists, so that a page among many live holders returns
@@ -77,16 +84,18 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 }
 
 // Stuck implements [idempotency.Inspector] from the index of STARTED
-// records, in storage key order: it reads index entries after the cursor
-// (one range), then each entry's record, live marker and checkpoints (one
-// transaction a batch), and lists the STARTED records without a live
-// marker, whose lease etcd has ended: those a claim would take over.
-// COMPLETED records are never read; live holders are read and passed
-// over. A page looks at no more than limit plus 1,000 entries and then
-// returns what it found with a cursor (the storage key of the last entry
-// looked at). Entries whose record is gone or COMPLETED (left by a record
-// deleted behind the store's back) are deleted, each only if its record
-// is unchanged since it was read.
+// records, in storage key order: it reads up to 500 index entries after
+// the cursor (one range, keys only), asks which of them have a live
+// marker (transactions of 100 keys-only reads, five at once), then reads
+// the others whole (record, live marker, checkpoints) and lists the
+// STARTED records without a live marker, whose lease etcd has ended:
+// those a claim would take over. COMPLETED records are never read; live
+// holders cost a keys-only read of their marker. A page looks at no more
+// than limit plus 1,000 entries and then returns what it found with a
+// cursor (the storage key of the last entry looked at). Entries whose
+// record is gone or COMPLETED (left by a record deleted behind the
+// store's back) are deleted, each only if its record is unchanged since
+// it was read.
 func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempotency.RecordInfo, string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
@@ -103,7 +112,7 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 	var out []idempotency.RecordInfo
 	for looked := 0; looked < limit+stuckScan; {
 		resp, err := s.client.Txn(ctx).Then(clientv3.OpGet(from, clientv3.WithRange(s.prefix+startedEnd),
-			clientv3.WithKeysOnly(), clientv3.WithLimit(stuckBatch))).Commit()
+			clientv3.WithKeysOnly(), clientv3.WithLimit(stuckBatch*stuckParallel))).Commit()
 		if err != nil {
 			return nil, "", s.wrap(ctx, "stuck: reading the index", err)
 		}
@@ -112,18 +121,86 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 			return out, "", nil
 		}
 		keys := make([]string, len(entries))
-		ops := make([]clientv3.Op, len(entries))
 		for i, e := range entries {
 			keys[i] = strings.TrimPrefix(string(e.Key), index)
-			ops[i] = s.keys(keys[i]).readRecord()
 		}
-		resp, err = s.client.Txn(ctx).Then(ops...).Commit()
+		live, err := s.liveMarkers(ctx, keys)
+		if err != nil {
+			return nil, "", s.wrap(ctx, "stuck: reading the live markers", err)
+		}
+		var candidates []string
+		for i, key := range keys {
+			if !live[i] {
+				candidates = append(candidates, key)
+			}
+		}
+		found, stopped, err := s.stuckAmong(ctx, candidates, limit-len(out), ttls)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, found...)
+		if stopped != "" {
+			return out, stopped, nil // the entries after it are for the next page
+		}
+		looked += len(keys)
+		if len(entries) < stuckBatch*stuckParallel {
+			return out, "", nil
+		}
+		if len(out) == limit {
+			return out, keys[len(keys)-1], nil
+		}
+		from = index + keys[len(keys)-1] + "\x00"
+	}
+	return out, strings.TrimPrefix(from[:len(from)-1], index), nil
+}
+
+// liveMarkers reports, for each storage key, whether its record has a live
+// marker, with keys-only reads in transactions of stuckBatch, up to
+// stuckParallel of them at once.
+func (s *Store) liveMarkers(ctx context.Context, keys []string) ([]bool, error) {
+	live := make([]bool, len(keys))
+	var wg sync.WaitGroup
+	errs := make([]error, (len(keys)+stuckBatch-1)/stuckBatch)
+	for b := range errs {
+		chunk := keys[b*stuckBatch : min((b+1)*stuckBatch, len(keys))]
+		wg.Go(func() {
+			ops := make([]clientv3.Op, len(chunk))
+			for i, key := range chunk {
+				ops[i] = clientv3.OpGet(s.keys(key).live(), clientv3.WithKeysOnly())
+			}
+			resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+			if err != nil {
+				errs[b] = err
+				return
+			}
+			for i := range chunk {
+				live[b*stuckBatch+i] = len(resp.Responses[i].GetResponseRange().GetKvs()) > 0
+			}
+		})
+	}
+	wg.Wait()
+	return live, errors.Join(errs...)
+}
+
+// stuckAmong reads the records of keys (which had no live marker) whole,
+// in key order, and returns those still stuck as this read sees them, up
+// to limit; stopped is the key of the last one listed when it stopped at
+// limit before the end of keys. It deletes the index entries of records
+// that are gone or COMPLETED.
+func (s *Store) stuckAmong(ctx context.Context, keys []string, limit int, ttls map[clientv3.LeaseID]time.Duration) (out []idempotency.RecordInfo, stopped string, err error) {
+	for len(keys) > 0 {
+		chunk := keys[:min(stuckBatch, len(keys))]
+		keys = keys[len(chunk):]
+		ops := make([]clientv3.Op, len(chunk))
+		for i, key := range chunk {
+			ops[i] = s.keys(key).readRecord()
+		}
+		resp, err := s.client.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
 			return nil, "", s.wrap(ctx, "stuck: reading the records", err)
 		}
 		var stale []clientv3.Op
-		for i, key := range keys {
-			looked++
+		for i, key := range chunk {
 			k := s.keys(key)
 			rec, cps, err := parseWhole(resp.Header.Revision, resp.Responses[i].GetResponseRange().GetKvs(), k)
 			switch {
@@ -141,27 +218,22 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 					[]clientv3.Op{clientv3.OpDelete(k.started())}, nil))
 				continue
 			case rec.live != nil:
-				continue // a live holder
+				continue // taken over or renewed since the live markers were read
 			}
 			info, err := s.describe(ctx, key, rec, cps, ttls)
 			if err != nil {
 				return nil, "", s.wrap(ctx, "stuck", err)
 			}
 			out = append(out, info)
-			if len(out) == limit {
-				// The entries after this one are for the next page.
+			if len(out) == limit && (i < len(chunk)-1 || len(keys) > 0) {
 				return out, key, s.dropStale(ctx, stale)
 			}
 		}
 		if err := s.dropStale(ctx, stale); err != nil {
 			return nil, "", err
 		}
-		if len(entries) < stuckBatch {
-			return out, "", nil
-		}
-		from = index + keys[len(keys)-1] + "\x00"
 	}
-	return out, strings.TrimPrefix(from[:len(from)-1], index), nil
+	return out, "", nil
 }
 
 // dropStale runs the deletions of stale index entries, each a
