@@ -194,28 +194,34 @@ func parseStuckCursor(s string) (stuckCursor, error) {
 // stuckFilter matches the STARTED records whose lease ended by now and
 // which have not expired, after the cursor in the index's order (lease
 // deadline, then _id). The state equality lets the server use the
-// partial index; the expiry is checked on the documents the index names.
-// A string _id sorts before a binary one (BSON's order of types), and a
-// comparison matches values of its own type only, so after a string
-// cursor key come the greater strings and every binary key.
+// partial index, and the deadline's bounds (from the cursor's deadline to
+// now) are the range of it to scan; the $or passes over the keys of the
+// cursor's own deadline up to the cursor's. The expiry is checked on the
+// documents the index names. A string _id sorts before a binary one
+// (BSON's order of types), and a comparison matches values of its own
+// type only, so after a string cursor key come the greater strings and
+// every binary key.
 func stuckFilter(now time.Time, after stuckCursor) bson.D {
 	nowDate := bson.NewDateTimeFromTime(now)
+	deadline := bson.D{{Key: "$lte", Value: nowDate}}
+	if after.set {
+		deadline = bson.D{{Key: "$gte", Value: bson.DateTime(after.lease)}, {Key: "$lte", Value: nowDate}}
+	}
 	f := bson.D{
 		{Key: fieldState, Value: stateStarted},
-		{Key: fieldLease, Value: bson.D{{Key: "$lte", Value: nowDate}}},
+		{Key: fieldLease, Value: deadline},
 		{Key: fieldExpires, Value: bson.D{{Key: "$gt", Value: nowDate}}},
 	}
 	if !after.set {
 		return f
 	}
-	lease := bson.DateTime(after.lease)
 	id := encodeString(after.key)
 	branches := bson.A{
-		bson.D{{Key: fieldLease, Value: bson.D{{Key: "$gt", Value: lease}}}},
-		bson.D{{Key: fieldLease, Value: lease}, {Key: fieldID, Value: bson.D{{Key: "$gt", Value: id}}}},
+		bson.D{{Key: fieldLease, Value: bson.D{{Key: "$gt", Value: bson.DateTime(after.lease)}}}},
+		bson.D{{Key: fieldID, Value: bson.D{{Key: "$gt", Value: id}}}},
 	}
 	if _, isString := id.(string); isString {
-		branches = append(branches, bson.D{{Key: fieldLease, Value: lease}, {Key: fieldID, Value: bson.D{{Key: "$type", Value: "binData"}}}})
+		branches = append(branches, bson.D{{Key: fieldID, Value: bson.D{{Key: "$type", Value: "binData"}}}})
 	}
 	return append(f, bson.E{Key: "$or", Value: branches})
 }

@@ -22,11 +22,16 @@ func TestStuckQueryFitsTheIndex(t *testing.T) {
 		t.Fatalf("index %v partial on %v, want {l: 1, _id: 1} on STARTED records", keys, partial)
 	}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for _, f := range []bson.D{stuckFilter(now, stuckCursor{}), stuckFilter(now, stuckCursor{lease: 5, key: "k", set: true})} {
+	paged := stuckFilter(now, stuckCursor{lease: 5, key: "k", set: true})
+	if from := paged[1].Value.(bson.D)[0]; from.Key != "$gte" || from.Value != bson.DateTime(5) {
+		t.Errorf("a later page's filter %v does not start the deadline's range at the cursor's", paged)
+	}
+	for _, f := range []bson.D{stuckFilter(now, stuckCursor{}), paged} {
 		if f[0].Key != fieldState || f[0].Value != stateStarted {
 			t.Errorf("filter %v does not start with the state equality of the partial index", f)
 		}
-		if f[1].Key != fieldLease || f[1].Value.(bson.D)[0].Key != "$lte" || f[1].Value.(bson.D)[0].Value != bson.NewDateTimeFromTime(now) {
+		bounds := f[1].Value.(bson.D)
+		if last := bounds[len(bounds)-1]; f[1].Key != fieldLease || last.Key != "$lte" || last.Value != bson.NewDateTimeFromTime(now) {
 			t.Errorf("filter %v does not bound the lease deadline by now", f)
 		}
 	}
