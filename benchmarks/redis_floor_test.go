@@ -91,10 +91,7 @@ func BenchmarkRedisScale(b *testing.B) {
 }
 
 func redisFloor(b *testing.B, op string, callers, preload int) {
-	addr := os.Getenv(bench.Var(bench.Redis))
-	if addr == "" {
-		b.Fatalf("%s is not set: run scripts/test.sh or start scripts/servers/redis.sh", bench.Var(bench.Redis))
-	}
+	addr := bench.Server(b, bench.Redis)
 	var trips atomic.Int64
 	c, err := bench.RedisClient(addr, &trips)
 	if err != nil {
