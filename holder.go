@@ -50,8 +50,16 @@ func DownstreamKey(ctx context.Context, prefix string) (string, error) {
 	if !ok || info.StorageKey == "" {
 		return "", invalidArg("DownstreamKey called outside Do")
 	}
-	sum := sha256.Sum256([]byte(info.StorageKey))
-	return prefix + ":" + hex.EncodeToString(sum[:16]), nil
+	return DownstreamKeyOf(info.StorageKey, prefix), nil
+}
+
+// DownstreamKeyOf is the key [DownstreamKey] derives for prefix inside a
+// call of Do on storageKey (as [Runner.StorageKey] builds it, and
+// [RecordInfo] and [StuckRecord] report it), for an operator who looks a
+// stuck request up in the downstream's records by hand.
+func DownstreamKeyOf(storageKey, prefix string) string {
+	sum := sha256.Sum256([]byte(storageKey))
+	return prefix + ":" + hex.EncodeToString(sum[:16])
 }
 
 // Step runs one named step of fn as a recovery point. The first time, it

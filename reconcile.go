@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 )
@@ -215,15 +213,6 @@ func ReconcileKey[T any](ctx context.Context, r *Runner, req Request, resolve fu
 	}
 	kind, err := reconcileOne(ctx, r, info, resolve)
 	return rep, rep.count(info.Key, kind, err)
-}
-
-// DownstreamKeyOf is the key [DownstreamKey] derives for prefix inside a
-// call of Do on storageKey (as [Runner.StorageKey] builds it, and
-// [RecordInfo] and [StuckRecord] report it), for an operator who looks a
-// stuck request up in the downstream's records by hand.
-func DownstreamKeyOf(storageKey, prefix string) string {
-	sum := sha256.Sum256([]byte(storageKey))
-	return prefix + ":" + hex.EncodeToString(sum[:16])
 }
 
 // reconcileOne takes info's record over and resolves it. It returns the
