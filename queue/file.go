@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"sync"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -209,6 +211,38 @@ func (w *writer) finish(batch []*op, err error) {
 			w.retry = append(w.retry, o)
 		}
 	}
+}
+
+// openFile opens the database in path. bbolt panics, or faults, on some
+// damaged files while it opens them (a freelist page that is not one, a
+// file cut short); that is an error here, and the file it opened is
+// closed, which releases its lock.
+func openFile(path string, lockTimeout time.Duration) (*bolt.DB, error) {
+	var f *os.File
+	opts := &bolt.Options{
+		Timeout: lockTimeout,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			var err error
+			f, err = os.OpenFile(name, flag, perm)
+			return f, err
+		},
+	}
+	var db *bolt.DB
+	err := guard(path, func() error {
+		var err error
+		db, err = bolt.Open(path, 0o600, opts)
+		return err
+	})
+	switch {
+	case err == nil:
+		return db, nil
+	case errors.Is(err, ErrCorrupt):
+		if f != nil {
+			f.Close()
+		}
+		return nil, err
+	}
+	return nil, openError(path, err)
 }
 
 // openError explains an error of bolt.Open.

@@ -77,6 +77,7 @@ type config struct {
 	prepare        func(*http.Request) error
 	lockTimeout    time.Duration
 	now            func() time.Time
+	margin         time.Duration // ExpiryMargin; tests shorten it
 }
 
 func defaultConfig() config {
@@ -94,6 +95,7 @@ func defaultConfig() config {
 		concurrency:    1,
 		lockTimeout:    DefaultLockTimeout,
 		now:            time.Now,
+		margin:         ExpiryMargin,
 	}
 }
 
@@ -115,8 +117,8 @@ func (c *config) check() error {
 		return invalidArg("WithMaxResponseSize: must be positive, got %d", c.maxResponse)
 	case c.attemptTimeout <= 0:
 		return invalidArg("WithAttemptTimeout: must be positive, got %v", c.attemptTimeout)
-	case c.keyLifetime <= ExpiryMargin:
-		return invalidArg("WithKeyLifetime: must be longer than ExpiryMargin (%v), got %v", ExpiryMargin, c.keyLifetime)
+	case c.keyLifetime <= c.margin:
+		return invalidArg("WithKeyLifetime: must be longer than ExpiryMargin (%v), got %v", c.margin, c.keyLifetime)
 	case c.concurrency < 1:
 		return invalidArg("WithConcurrency: must be at least 1, got %d", c.concurrency)
 	case c.lockTimeout <= 0:

@@ -176,9 +176,9 @@ func Open(path string, opts ...Option) (*Queue, error) {
 	if path == "" {
 		return nil, invalidArg("no file name")
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: cfg.lockTimeout})
+	db, err := openFile(path, cfg.lockTimeout)
 	if err != nil {
-		return nil, openError(path, err)
+		return nil, err
 	}
 	q := &Queue{
 		cfg: cfg, path: path, db: db,

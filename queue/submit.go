@@ -215,7 +215,7 @@ func problemType(resp *Response) string {
 func (q *Queue) attempt(ctx context.Context, e *entry) {
 	now := q.cfg.now()
 	if at, why := q.deadline(e); !at.IsZero() && !now.Before(at) {
-		q.stopLate(ctx, e, why, now)
+		q.stopLate(ctx, e, why, at)
 		return
 	}
 	if err := q.markSent(e, now); err != nil {
@@ -271,18 +271,18 @@ func (q *Queue) deadline(e *entry) (time.Time, string) {
 	defer q.mu.Unlock()
 	switch {
 	case !e.st.expires.IsZero():
-		return e.st.expires.Add(-ExpiryMargin), "the server forgets the key at " +
+		return e.st.expires.Add(-q.cfg.margin), "the server forgets the key at " +
 			e.st.expires.UTC().Format(time.RFC3339) + " (its " + q.cfg.expiresHeader + ")"
 	case !e.st.sent.IsZero() && !e.speculative:
-		return e.st.sent.Add(q.cfg.keyLifetime - ExpiryMargin), "the request may have reached the server at " +
+		return e.st.sent.Add(q.cfg.keyLifetime - q.cfg.margin), "the request may have reached the server at " +
 			e.st.sent.UTC().Format(time.RFC3339) + ", which keeps keys for " + q.cfg.keyLifetime.String() + " (WithKeyLifetime)"
 	}
 	return time.Time{}, ""
 }
 
 // stopLate moves e to the dead letters because its next attempt would
-// come too late.
-func (q *Queue) stopLate(ctx context.Context, e *entry, why string, at time.Time) {
+// start after deadline.
+func (q *Queue) stopLate(ctx context.Context, e *entry, why string, deadline time.Time) {
 	it, err := q.read(e)
 	if err != nil {
 		q.mu.Lock()
@@ -290,8 +290,8 @@ func (q *Queue) stopLate(ctx context.Context, e *entry, why string, at time.Time
 		q.mu.Unlock()
 		return
 	}
-	reason := "too late: " + why + "; an attempt from " + at.UTC().Format(time.RFC3339) +
-		" on, within the margin of " + ExpiryMargin.String() + " or after, could run the request a second time"
+	reason := fmt.Sprintf("too late to retry: %s; the next attempt would start after %s (that less a margin of %v), "+
+		"when a retry could run the request a second time", why, deadline.UTC().Format(time.RFC3339), q.cfg.margin)
 	it.State, it.Reason = Dead, reason
 	q.end(ctx, e, it, &end{reason: reason})
 }
@@ -478,7 +478,7 @@ func (q *Queue) failed(ctx context.Context, e *entry, resp *Response, why string
 	}
 	q.mu.Unlock()
 	if !ok {
-		q.stopLate(ctx, e, late, now)
+		q.stopLate(ctx, e, late, at)
 		return
 	}
 	q.w.async(&op{apply: func(tx *bolt.Tx) error {
