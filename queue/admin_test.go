@@ -93,7 +93,10 @@ func TestRetryNow(t *testing.T) {
 	var got ends
 	q := openQueue(t, queue.WithOnDone(got.handler))
 	key := enqueue(t, q, post(t, srv, "{}"))
-	runUntil(t, q, func() bool { return n.Load() == 1 })
+	runUntil(t, q, func() bool {
+		it, err := q.Inspect(key)
+		return err == nil && it.LastError != ""
+	})
 	it, err := q.Inspect(key)
 	if err != nil || time.Until(it.Next) < 59*time.Minute || it.Attempts != 1 || it.LastError == "" {
 		t.Fatalf("after a 503 with Retry-After 3600: %+v, %v", it, err)

@@ -68,7 +68,7 @@ func TestAdvertisedExpiryStopsLateRetries(t *testing.T) {
 // clock is a test clock: the real time plus an offset that tests move.
 type clock struct{ off atomic.Int64 }
 
-func (c *clock) now() time.Time            { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *clock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *clock) advance(d time.Duration) { c.off.Add(int64(d)) }
 
 // Without an advertised expiry, the key's lifetime runs from the first

@@ -223,7 +223,9 @@ func TestAnswers(t *testing.T) {
 			func(w http.ResponseWriter) { problem(w, 422, httpidem.ProblemKeyReused) }}, queue.Dead, 422, "key reused"},
 		{"a handler's 422", []func(http.ResponseWriter){status(422)}, queue.Dead, 422, "422"},
 		{"410 not stored", []func(http.ResponseWriter){
-			func(w http.ResponseWriter) { problem(w, 410, httpidem.ProblemResponseNotStored, "Idempotent-Replayed", "true") }}, queue.Dead, 410, "answer is lost"},
+			func(w http.ResponseWriter) {
+				problem(w, 410, httpidem.ProblemResponseNotStored, "Idempotent-Replayed", "true")
+			}}, queue.Dead, 410, "answer is lost"},
 		{"500 result corrupt", []func(http.ResponseWriter){
 			func(w http.ResponseWriter) { problem(w, 500, httpidem.ProblemResultCorrupt) }}, queue.Dead, 500, "cannot read"},
 	} {

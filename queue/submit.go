@@ -238,11 +238,10 @@ func (q *Queue) attempt(ctx context.Context, e *entry) {
 		// Stopped, not failed: the next Run sends it again.
 		q.mu.Lock()
 		e.inflight = false
-		if reached {
-			e.speculative = false
-		}
+		ids, states := q.settle(e, reached)
 		q.fix(e.order)
 		q.mu.Unlock()
+		q.saveStates(ids, states)
 		return
 	}
 	if err != nil {
@@ -451,36 +450,49 @@ func (q *Queue) failed(ctx context.Context, e *entry, resp *Response, why string
 		ok, wait = true, q.cfg.backoff.MaxBackoff
 	}
 	e.st.lastErr = why
-	var cleared []*entry
-	if reached {
-		e.speculative = false
-	} else if e.speculative {
-		// No attempt of e connected: nothing can have reached the server,
-		// so its mark, and the marks made with it ahead of the items
-		// behind it, are cleared.
-		for _, x := range e.order.items {
-			if x.speculative && (x == e || x.st.attempts == 0) {
-				x.st.sent, x.speculative = time.Time{}, false
-				cleared = append(cleared, x)
-			}
-		}
-	}
 	if ok {
 		e.st.next = now.Add(wait)
 	}
-	states := make([]retryState, 0, 1+len(cleared))
-	ids := make([]uint64, 0, 1+len(cleared))
-	states, ids = append(states, e.st), append(ids, e.id)
-	for _, x := range cleared {
-		if x != e {
-			states, ids = append(states, x.st), append(ids, x.id)
-		}
-	}
+	ids, states := q.settle(e, reached)
 	q.mu.Unlock()
 	if !ok {
 		q.stopLate(ctx, e, late, at)
 		return
 	}
+	q.saveStates(ids, states)
+	q.mu.Lock()
+	e.inflight = false
+	q.fix(e.order)
+	q.mu.Unlock()
+}
+
+// settle notes after an attempt of e whether it connected to a server,
+// and returns the states to write: e's, and those of the items whose
+// marks are cleared. Called with q.mu held.
+func (q *Queue) settle(e *entry, reached bool) ([]uint64, []retryState) {
+	ids, states := []uint64{e.id}, []retryState{e.st}
+	if reached {
+		e.speculative = false
+		return ids, states
+	}
+	if !e.speculative {
+		return ids, states
+	}
+	// No attempt of e connected: nothing can have reached the server, so
+	// its mark, and the marks made with it ahead of the items behind it,
+	// are cleared.
+	states[0].sent, e.st.sent, e.speculative = time.Time{}, time.Time{}, false
+	for _, x := range e.order.items {
+		if x != e && x.speculative && x.st.attempts == 0 {
+			x.st.sent, x.speculative = time.Time{}, false
+			ids, states = append(ids, x.id), append(states, x.st)
+		}
+	}
+	return ids, states
+}
+
+// saveStates writes the retry states of items, without waiting.
+func (q *Queue) saveStates(ids []uint64, states []retryState) {
 	q.w.async(&op{apply: func(tx *bolt.Tx) error {
 		for i, id := range ids {
 			if err := saveState(tx, id, &states[i]); err != nil {
@@ -489,10 +501,6 @@ func (q *Queue) failed(ctx context.Context, e *entry, resp *Response, why string
 		}
 		return nil
 	}})
-	q.mu.Lock()
-	e.inflight = false
-	q.fix(e.order)
-	q.mu.Unlock()
 }
 
 // end tells the handler of it's end and then takes e out of the queue:
