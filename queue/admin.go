@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,19 +12,30 @@ import (
 // now, drop it. These read the file (the operator's call pays for it, not
 // the submitter); the command in cmd/queuectl is a shell over them.
 
-// decodeItem decodes the record of item id in state s. A damaged record
-// gives an Item with Damaged set and what could be read.
-func decodeItem(id uint64, rec []byte, s State) (*Item, error) {
+// itemOf returns the Item of head h (nil if damaged) of item id.
+func itemOf(id uint64, s State, h *head) *Item {
 	it := &Item{ID: id, State: s}
+	if h != nil {
+		it.Key, it.Order, it.Method, it.URL = h.key, h.order, h.method, h.url
+		it.Enqueued, it.Sent, it.Expires, it.Next = h.enqueued, h.sent, h.expires, h.next
+		it.Attempts, it.LastError = h.attempts, h.lastErr
+	}
+	return it
+}
+
+// decodeDead decodes the record of dead item id. A damaged record gives
+// an Item with Damaged set and what could be read.
+func decodeDead(id uint64, rec []byte) *Item {
 	h, rest, err := splitHead(rec)
+	it := itemOf(id, Dead, h)
 	if err != nil {
 		it.Damaged = damage(id, err)
-		return it, nil
+		return it
 	}
-	it.Key, it.Order, it.Method, it.URL = h.key, h.order, h.method, h.url
-	it.Enqueued, it.Sent, it.Expires, it.Next = h.enqueued, h.sent, h.expires, h.next
-	it.Attempts, it.LastError = h.attempts, h.lastErr
 	b, x, err := decodeRest(rest)
+	if err == nil && x == nil {
+		err = errDamaged
+	}
 	if err != nil {
 		it.Damaged = damage(id, err)
 	}
@@ -33,7 +45,46 @@ func decodeItem(id uint64, rec []byte, s State) (*Item, error) {
 	if x != nil {
 		it.Reason, it.Response = x.reason, x.resp
 	}
-	return it, nil
+	return it
+}
+
+// readPending reads pending item id, or returns nil if it is not there.
+// A damaged record, or a damaged page on the way to it, gives an Item
+// with Damaged set: the other items stay readable.
+func readPending(tx *bolt.Tx, id uint64) (it *Item) {
+	defer func() {
+		if p := recover(); p != nil {
+			if it == nil {
+				it = &Item{ID: id, State: Pending}
+			}
+			it.Damaged = damage(id, fmt.Errorf("a page of the file on the way to it is damaged (%v)", p))
+		}
+	}()
+	hrec := tx.Bucket(bucketItems).Get(idKey(id))
+	if hrec == nil {
+		return nil
+	}
+	h, rest, err := splitHead(hrec)
+	if err == nil && len(rest) != 0 {
+		err = errDamaged
+	}
+	it = itemOf(id, Pending, h)
+	if err != nil {
+		it.Damaged = damage(id, err)
+		return it
+	}
+	brec := tx.Bucket(bucketBodies).Get(idKey(id))
+	if brec == nil {
+		it.Damaged = damage(id, errors.New("its body is missing"))
+		return it
+	}
+	b, err := decodeBody(brec)
+	if err != nil {
+		it.Damaged = damage(id, err)
+		return it
+	}
+	it.Header, it.Body = b.header, b.data
+	return it
 }
 
 func bucketOf(s State) ([]byte, error) {
@@ -70,7 +121,12 @@ func (q *Queue) List(state State, after uint64, limit int) ([]Item, error) {
 				if !ok || id <= after {
 					continue
 				}
-				it, _ := decodeItem(id, v, state)
+				var it *Item
+				if state == Dead {
+					it = decodeDead(id, v)
+				} else {
+					it = readPending(tx, id)
+				}
 				it.Body = nil
 				items = append(items, *it)
 			}
@@ -138,8 +194,7 @@ func (q *Queue) find(key string) (*Item, []byte, error) {
 	err := guard(q.path, func() error {
 		return q.db.View(func(tx *bolt.Tx) error {
 			if e != nil {
-				if rec := tx.Bucket(bucketItems).Get(idKey(e.id)); rec != nil {
-					it, _ = decodeItem(e.id, rec, Pending)
+				if it = readPending(tx, e.id); it != nil {
 					bk = bucketItems
 					return nil
 				}
@@ -151,7 +206,7 @@ func (q *Queue) find(key string) (*Item, []byte, error) {
 					continue
 				}
 				if h, _, err := splitHead(v); err == nil && h.key == key {
-					it, _ = decodeItem(id, v, Dead)
+					it = decodeDead(id, v)
 					bk = bucketDead
 					return nil
 				}
@@ -215,7 +270,10 @@ func (q *Queue) Retry(key string) error {
 				return err
 			}
 			h.next = time.Time{}
-			if err := tx.Bucket(bucketItems).Put(idKey(id), encodeRecord(h, b, nil)); err != nil {
+			if err := tx.Bucket(bucketItems).Put(idKey(id), headRecord(h)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketBodies).Put(idKey(id), bodyRecord(b)); err != nil {
 				return err
 			}
 			return tx.Bucket(bucketDead).Delete(idKey(id))
@@ -302,7 +360,12 @@ func (q *Queue) drop(id uint64, bk []byte) error {
 		}
 	}
 	q.mu.Unlock()
-	err := q.w.do(&op{apply: func(tx *bolt.Tx) error { return tx.Bucket(bk).Delete(idKey(id)) }})
+	err := q.w.do(&op{apply: func(tx *bolt.Tx) error {
+		if string(bk) == string(bucketItems) {
+			return deletePending(tx, id)
+		}
+		return tx.Bucket(bk).Delete(idKey(id))
+	}})
 	q.mu.Lock()
 	if e != nil {
 		e.inflight = false

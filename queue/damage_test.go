@@ -127,42 +127,82 @@ func TestDamagedHead(t *testing.T) {
 	}
 }
 
-// A file that is not a queue, or whose structure is damaged, gives a
-// clear error at Open, never a crash.
+// A file that is not a queue, or whose index is damaged, gives a clear
+// error at Open, never a crash; a damaged page of the requests' bodies
+// leaves the items on it damaged and the others readable.
 func TestDamagedFile(t *testing.T) {
 	dir := t.TempDir()
 	garbage := filepath.Join(dir, "garbage")
 	os.WriteFile(garbage, bytes.Repeat([]byte("not a queue "), 2000), 0o600)
 
-	// A page of the items' tree with its header overwritten.
-	pages := filepath.Join(dir, "pages")
-	q, err := queue.Open(pages)
+	// A queue of 40 items, whose pages are then overwritten.
+	good := filepath.Join(dir, "good")
+	q, err := queue.Open(good)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var keys []string
 	for i := range 40 {
-		if _, err := q.Enqueue(post(t, "http://example.test/x", fmt.Sprintf(`{"marker":"P%03d-%s"}`, i, strings.Repeat("y", 500)))); err != nil {
+		key, err := q.Enqueue(post(t, "http://example.test/x", fmt.Sprintf(`{"marker":"P%03d-%s"}`, i, strings.Repeat("y", 500))))
+		if err != nil {
 			t.Fatal(err)
 		}
+		keys = append(keys, key)
 	}
 	q.Close()
-	data, _ := os.ReadFile(pages)
-	at := bytes.LastIndex(data, []byte("P020-"))
-	page := at &^ (os.Getpagesize() - 1)
-	copy(data[page:page+16], bytes.Repeat([]byte{0xee}, 16))
-	os.WriteFile(pages, data, 0o600)
-
+	data, _ := os.ReadFile(good)
+	damagePage := func(name, marker string) string {
+		// Every page with the marker: stale copies in free pages too, as
+		// the live one may be any of them.
+		d := bytes.Clone(data)
+		for i := 0; ; {
+			j := bytes.Index(data[i:], []byte(marker))
+			if j < 0 {
+				break
+			}
+			page := (i + j) &^ (os.Getpagesize() - 1)
+			copy(d[page:page+16], bytes.Repeat([]byte{0xee}, 16))
+			i += j + len(marker)
+		}
+		f := filepath.Join(dir, name)
+		os.WriteFile(f, d, 0o600)
+		return f
+	}
+	heads := damagePage("heads", keys[20])
+	bodies := damagePage("bodies", "P020-")
 	truncated := filepath.Join(dir, "truncated")
 	os.WriteFile(truncated, data[:len(data)/3], 0o600)
 
-	for _, f := range []string{garbage, pages, truncated} {
-		q, err := queue.Open(f)
-		if err == nil {
-			q.Close()
+	for _, f := range []string{garbage, heads, truncated} {
+		for range 2 { // the second finds the file unlocked: Open closed it
+			q, err := queue.Open(f)
+			if err == nil {
+				q.Close()
+			}
+			if !errors.Is(err, queue.ErrCorrupt) || !strings.Contains(err.Error(), f) {
+				t.Errorf("Open(%s): %v, want ErrCorrupt naming the file", filepath.Base(f), err)
+			}
 		}
-		if !errors.Is(err, queue.ErrCorrupt) || !strings.Contains(err.Error(), f) {
-			t.Errorf("Open(%s): %v, want ErrCorrupt naming the file", filepath.Base(f), err)
+	}
+
+	q = openAt(t, bodies)
+	items, err := q.List(queue.Pending, 0, 0)
+	if err != nil || len(items) != 40 {
+		t.Fatalf("List: %d items, %v", len(items), err)
+	}
+	damaged := 0
+	for i, it := range items {
+		if it.Damaged != nil {
+			damaged++
+			if !errors.Is(it.Damaged, queue.ErrCorrupt) {
+				t.Errorf("item %d: %v, want ErrCorrupt", i, it.Damaged)
+			}
+		} else if it.Key != keys[i] {
+			t.Errorf("item %d: key %s, want %s", i, it.Key, keys[i])
 		}
+	}
+	if damaged == 0 || damaged > 10 || items[20].Damaged == nil {
+		t.Errorf("%d damaged items (item 21: %v), want the few on the page", damaged, items[20].Damaged)
 	}
 }
 

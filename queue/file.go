@@ -13,12 +13,14 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
-// The file is a bbolt database with two buckets, keyed by the item's ID
+// The file is a bbolt database with three buckets keyed by the item's ID
 // (8 bytes, big endian: bbolt keeps keys sorted, so a cursor walks the
-// queue in order): the pending items and the dead letters. The value is a
-// record (record.go). A third bucket holds the format's name.
+// queue in order): the pending items' heads, their bodies, and the dead
+// letters. The values are records (record.go). A fourth bucket holds the
+// format's name.
 var (
-	bucketItems = []byte("items")
+	bucketItems  = []byte("items")
+	bucketBodies = []byte("bodies")
 	bucketDead  = []byte("dead")
 	bucketMeta  = []byte("meta")
 	metaFormat  = []byte("format")
@@ -213,11 +215,35 @@ func (w *writer) finish(batch []*op, err error) {
 	}
 }
 
+// brokenFiles are the files whose opening panicked in this process, and
+// the errors they gave.
+var brokenFiles struct {
+	sync.Mutex
+	files []brokenFile
+}
+
+type brokenFile struct {
+	fi  os.FileInfo
+	err error
+}
+
 // openFile opens the database in path. bbolt panics, or faults, on some
 // damaged files while it opens them (a freelist page that is not one, a
-// file cut short); that is an error here, and the file it opened is
-// closed, which releases its lock.
+// file cut short); that is an error here. bbolt has mapped the file by
+// then, and the mapping, which cannot be reached to be unmapped, keeps
+// the file's lock until the process exits: a second Open of the same file
+// in this process gives the first one's error again, not ErrLocked.
 func openFile(path string, lockTimeout time.Duration) (*bolt.DB, error) {
+	if fi, err := os.Stat(path); err == nil {
+		brokenFiles.Lock()
+		for _, b := range brokenFiles.files {
+			if os.SameFile(b.fi, fi) {
+				brokenFiles.Unlock()
+				return nil, b.err
+			}
+		}
+		brokenFiles.Unlock()
+	}
 	var f *os.File
 	opts := &bolt.Options{
 		Timeout: lockTimeout,
@@ -238,6 +264,11 @@ func openFile(path string, lockTimeout time.Duration) (*bolt.DB, error) {
 		return db, nil
 	case errors.Is(err, ErrCorrupt):
 		if f != nil {
+			if fi, serr := f.Stat(); serr == nil {
+				brokenFiles.Lock()
+				brokenFiles.files = append(brokenFiles.files, brokenFile{fi, err})
+				brokenFiles.Unlock()
+			}
 			f.Close()
 		}
 		return nil, err

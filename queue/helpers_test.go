@@ -44,7 +44,7 @@ func (l *ledger) requests() []string {
 // idemServer serves handle behind the httpidem middleware on a memory
 // store, counting the requests and, for a handle that returns true, the
 // effect.
-func idemServer(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, body string) bool) (string, *ledger) {
+func idemServer(t testing.TB, handle func(w http.ResponseWriter, r *http.Request, body string) bool) (string, *ledger) {
 	t.Helper()
 	store, err := memory.New(nil)
 	if err != nil {
@@ -87,7 +87,7 @@ func created(w http.ResponseWriter, r *http.Request, body string) bool {
 }
 
 // rawServer serves handle without idempotency.
-func rawServer(t *testing.T, handle http.HandlerFunc) string {
+func rawServer(t testing.TB, handle http.HandlerFunc) string {
 	t.Helper()
 	srv := httptest.NewServer(handle)
 	t.Cleanup(srv.Close)

@@ -173,15 +173,3 @@ func (q *Queue) remove(e *entry) {
 func damage(id uint64, err error) error {
 	return fmt.Errorf("%w: item %d: %v", ErrCorrupt, id, err)
 }
-
-// checkRest checks the checksums of a record's sections after its head,
-// without decoding them.
-func checkRest(rest []byte) error {
-	d := &dec{b: rest}
-	for len(d.b) > 0 {
-		if _, err := d.section(); err != nil {
-			return err
-		}
-	}
-	return nil
-}

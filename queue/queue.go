@@ -224,9 +224,29 @@ func (q *Queue) Close() error {
 	return q.db.Close()
 }
 
+// appendBucket returns the bucket name of tx, set to fill its pages: new
+// IDs only ever go at its end, where bbolt's default (half full, for
+// inserts in the middle) would leave half of every page empty.
+func appendBucket(tx *bolt.Tx, name []byte) *bolt.Bucket {
+	b := tx.Bucket(name)
+	b.FillPercent = 1
+	return b
+}
+
 // load builds the index of the pending items from the file.
 func (q *Queue) load() error {
 	err := guard(q.path, func() error {
+		// Most opens find the file made: no write, no flush.
+		ready := false
+		q.db.View(func(tx *bolt.Tx) error {
+			m := tx.Bucket(bucketMeta)
+			ready = m != nil && string(m.Get(metaFormat)) == string(formatName) &&
+				tx.Bucket(bucketItems) != nil && tx.Bucket(bucketBodies) != nil && tx.Bucket(bucketDead) != nil
+			return nil
+		})
+		if ready {
+			return nil
+		}
 		return q.db.Update(func(tx *bolt.Tx) error {
 			m, err := tx.CreateBucketIfNotExists(bucketMeta)
 			if err != nil {
@@ -243,7 +263,7 @@ func (q *Queue) load() error {
 			case string(f) != string(formatName):
 				return fmt.Errorf("%w: format %q, not %q", errNotQueue, f, formatName)
 			}
-			for _, b := range [][]byte{bucketItems, bucketDead} {
+			for _, b := range [][]byte{bucketItems, bucketBodies, bucketDead} {
 				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
@@ -274,19 +294,23 @@ func (q *Queue) load() error {
 	})
 }
 
-// index adds the pending item of record rec to the index.
+// index adds the pending item of head record rec to the index. A damaged
+// body is found when the item is read (sent, listed).
 func (q *Queue) index(id uint64, rec []byte) {
-	h, rest, err := splitHead(rec)
+	key, order, st, err := indexHead(rec)
 	if err != nil {
 		e := &entry{id: id, damaged: damage(id, err)}
 		q.unknown = append(q.unknown, e)
 		return
 	}
-	e := &entry{id: id, key: h.key, st: stateOf(h)}
-	if err := checkRest(rest); err != nil {
-		e.damaged = damage(id, err)
+	e := &entry{id: id, key: key, st: st}
+	if o := q.orders[string(order)]; o != nil && len(o.items) > 0 {
+		e.order = o
+		o.items = append(o.items, e)
+		q.byKey[key] = e
+		return
 	}
-	q.add(e, h.order)
+	q.add(e, string(order))
 }
 
 // add appends e to its order and to the index; e.id is the greatest ID
@@ -355,17 +379,20 @@ func (q *Queue) Enqueue(req *http.Request, opts ...EnqueueOption) (string, error
 	}
 	h.key = edge.NewKey()
 	h.enqueued = q.cfg.now()
-	rec := encodeRecord(h, b, nil)
+	hrec, brec := headRecord(h), bodyRecord(b)
 	e := &entry{key: h.key}
 	err = q.w.do(&op{
 		apply: func(tx *bolt.Tx) error {
-			bk := tx.Bucket(bucketItems)
+			bk, bodies := appendBucket(tx, bucketItems), appendBucket(tx, bucketBodies)
 			id, err := bk.NextSequence()
 			if err != nil {
 				return err
 			}
 			e.id = id
-			return bk.Put(idKey(id), rec)
+			if err := bk.Put(idKey(id), hrec); err != nil {
+				return err
+			}
+			return bodies.Put(idKey(id), brec)
 		},
 		committed: func() {
 			q.mu.Lock()

@@ -9,16 +9,19 @@ import (
 	"time"
 )
 
-// The record of an item, as the file stores it (a persisted format: the
-// layout below only ever gains a new version byte, never a changed
-// meaning). A record is the item's ID (the bbolt key: 8 bytes, big endian)
-// and a value of up to three sections, each
+// The records of an item, as the file stores them (a persisted format:
+// the layout below only ever gains a new version byte, never a changed
+// meaning). Each is a value under the item's ID (the bbolt key: 8 bytes,
+// big endian): a version byte (recordVersion) and sections, each
 //
 //	crc32c(payload) uint32 LE | uvarint len(payload) | payload
 //
-// so that a damaged byte is found and named instead of being sent:
+// so that a damaged byte is found and named instead of being sent. A
+// pending item has a head record (the head section) in the items bucket
+// and a body record (the body section) in the bodies bucket, so that
+// Open reads the small heads only and a retry rewrites its head only; a
+// dead item has one record of all three sections in the dead bucket:
 //
-//	version byte (recordVersion)
 //	head: key, order, method, url (uvarint length + bytes each),
 //	      enqueued, sent, expires, next (varint Unix nanoseconds, 0 = none),
 //	      attempts (uvarint), last error (uvarint length + bytes)
@@ -134,31 +137,30 @@ func encodeEnd(e *enc, x *end) {
 	})
 }
 
-// encodeRecord returns a new record of h and b (and x, for a dead item).
-func encodeRecord(h *head, b *body, x *end) []byte {
-	e := enc{b: make([]byte, 0, 128+len(b.data))}
+// headRecord returns the head record of a pending item.
+func headRecord(h *head) []byte {
+	e := enc{b: make([]byte, 0, 160)}
 	e.b = append(e.b, recordVersion)
 	encodeHead(&e, h)
-	encodeBody(&e, b)
-	if x != nil {
-		encodeEnd(&e, x)
-	}
 	return e.b
 }
 
-// withHead returns the record old with its head replaced by h, keeping
-// its other sections as they are (bytes copied: old may be the file's
-// memory).
-func withHead(old []byte, h *head) ([]byte, error) {
-	_, rest, err := splitHead(old)
-	if err != nil {
-		return nil, err
-	}
-	e := enc{b: make([]byte, 0, 128+len(rest))}
+// bodyRecord returns the body record of a pending item.
+func bodyRecord(b *body) []byte {
+	e := enc{b: make([]byte, 0, 64+len(b.data))}
+	e.b = append(e.b, recordVersion)
+	encodeBody(&e, b)
+	return e.b
+}
+
+// deadRecord returns the record of a dead item.
+func deadRecord(h *head, b *body, x *end) []byte {
+	e := enc{b: make([]byte, 0, 256+len(b.data))}
 	e.b = append(e.b, recordVersion)
 	encodeHead(&e, h)
-	e.b = append(e.b, rest...)
-	return e.b, nil
+	encodeBody(&e, b)
+	encodeEnd(&e, x)
+	return e.b
 }
 
 type dec struct {
@@ -260,16 +262,25 @@ func (d *dec) section() (*dec, error) {
 	return &dec{b: p}, nil
 }
 
-// splitHead decodes the head of a record and returns it with the rest of
-// the record (its other sections, undecoded).
-func splitHead(rec []byte) (*head, []byte, error) {
+// version checks a record's version byte and returns the rest.
+func version(rec []byte) ([]byte, error) {
 	if len(rec) == 0 || rec[0] != recordVersion {
 		if len(rec) > 0 && rec[0] > recordVersion {
-			return nil, nil, fmt.Errorf("record version %d, newer than this code's %d", rec[0], recordVersion)
+			return nil, fmt.Errorf("record version %d, newer than this code's %d", rec[0], recordVersion)
 		}
-		return nil, nil, errDamaged
+		return nil, errDamaged
 	}
-	d := &dec{b: rec[1:]}
+	return rec[1:], nil
+}
+
+// splitHead decodes the head of a record and returns it with the rest of
+// the record (its other sections, undecoded; none in a head record).
+func splitHead(rec []byte) (*head, []byte, error) {
+	rest, err := version(rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	d := &dec{b: rest}
 	p, err := d.section()
 	if err != nil {
 		return nil, nil, err
@@ -284,6 +295,46 @@ func splitHead(rec []byte) (*head, []byte, error) {
 		return nil, nil, errDamaged
 	}
 	return h, d.b, nil
+}
+
+// indexHead decodes of a head record what the index keeps: the key, the
+// order (a sub-slice of rec: look it up, do not keep it) and the retry
+// state. It is splitHead without the strings Open does not need.
+func indexHead(rec []byte) (key string, order []byte, st retryState, err error) {
+	rest, err := version(rec)
+	if err != nil {
+		return "", nil, st, err
+	}
+	d := &dec{b: rest}
+	p, err := d.section()
+	if err != nil {
+		return "", nil, st, err
+	}
+	key = p.str()
+	order = p.bytes()
+	p.bytes() // method
+	p.bytes() // url
+	p.time()  // enqueued
+	st.sent, st.expires, st.next = p.time(), p.time(), p.time()
+	st.attempts = int(p.uvarint())
+	st.lastErr = p.str()
+	if p.err != nil || len(p.b) != 0 || len(d.b) != 0 {
+		return "", nil, st, errDamaged
+	}
+	return key, order, st, nil
+}
+
+// decodeBody decodes a body record.
+func decodeBody(rec []byte) (*body, error) {
+	rest, err := version(rec)
+	if err != nil {
+		return nil, err
+	}
+	b, x, err := decodeRest(rest)
+	if err == nil && x != nil {
+		err = errDamaged
+	}
+	return b, err
 }
 
 // decodeRest decodes the sections after the head: the body and, if

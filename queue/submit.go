@@ -350,11 +350,15 @@ func saveState(tx *bolt.Tx, id uint64, st *retryState) error {
 		return nil // damaged: leave it for the operator
 	}
 	st.setHead(h)
-	rec, err := withHead(old, h)
-	if err != nil {
-		return nil
+	return b.Put(idKey(id), headRecord(h))
+}
+
+// deletePending deletes both records of pending item id.
+func deletePending(tx *bolt.Tx, id uint64) error {
+	if err := tx.Bucket(bucketItems).Delete(idKey(id)); err != nil {
+		return err
 	}
-	return b.Put(idKey(id), rec)
+	return tx.Bucket(bucketBodies).Delete(idKey(id))
 }
 
 // read returns the stored request of e.
@@ -362,14 +366,9 @@ func (q *Queue) read(e *entry) (*Item, error) {
 	var it *Item
 	err := guard(q.path, func() error {
 		return q.db.View(func(tx *bolt.Tx) error {
-			rec := tx.Bucket(bucketItems).Get(idKey(e.id))
-			if rec == nil {
+			it = readPending(tx, e.id)
+			if it == nil {
 				return fmt.Errorf("%w: item %d is missing from the file", ErrCorrupt, e.id)
-			}
-			var err error
-			it, err = decodeItem(e.id, rec, Pending)
-			if err != nil {
-				return err
 			}
 			return it.Damaged
 		})
@@ -517,17 +516,17 @@ func (q *Queue) end(ctx context.Context, e *entry, it *Item, x *end) {
 		}
 	}
 	id := e.id
-	o := &op{apply: func(tx *bolt.Tx) error { return tx.Bucket(bucketItems).Delete(idKey(id)) }}
+	o := &op{apply: func(tx *bolt.Tx) error { return deletePending(tx, id) }}
 	if x != nil {
 		h := &head{key: it.Key, order: it.Order, method: it.Method, url: it.URL, enqueued: it.Enqueued}
 		st := retryState{sent: it.Sent, expires: it.Expires, attempts: it.Attempts, lastErr: it.LastError}
 		st.setHead(h)
-		rec := encodeRecord(h, &body{header: it.Header, data: it.Body}, x)
+		rec := deadRecord(h, &body{header: it.Header, data: it.Body}, x)
 		o.apply = func(tx *bolt.Tx) error {
 			if err := tx.Bucket(bucketDead).Put(idKey(id), rec); err != nil {
 				return err
 			}
-			return tx.Bucket(bucketItems).Delete(idKey(id))
+			return deletePending(tx, id)
 		}
 		// A dead item's order goes on only once the move is on disk: a
 		// crash must not find it pending again behind items sent after it.
