@@ -21,10 +21,10 @@ import (
 var (
 	bucketItems  = []byte("items")
 	bucketBodies = []byte("bodies")
-	bucketDead  = []byte("dead")
-	bucketMeta  = []byte("meta")
-	metaFormat  = []byte("format")
-	formatName  = []byte("exactlyonce-queue/1")
+	bucketDead   = []byte("dead")
+	bucketMeta   = []byte("meta")
+	metaFormat   = []byte("format")
+	formatName   = []byte("exactlyonce-queue/1")
 )
 
 func idKey(id uint64) []byte {
