@@ -160,8 +160,43 @@ func (w *writer) loop() {
 				break drain
 			}
 		}
+		batch = w.linger(batch)
 		w.commit(batch)
 	}
+}
+
+// asyncLinger is how long a batch that nobody waits for (removals and
+// retry states) waits for more ops before it is committed. Flushes are
+// costly beyond their own time (on a shared virtual disk they slow every
+// other process's I/O and network too), and such ops lose nothing by
+// waiting: a crash before they are on disk sends the removed items again,
+// and the server replays their answers.
+const asyncLinger = 25 * time.Millisecond
+
+// linger returns batch, grown by the ops that come within asyncLinger if
+// none in it is waited for; an op that is waited for ends the wait.
+func (w *writer) linger(batch []*op) []*op {
+	for _, o := range batch {
+		if o.done != nil {
+			return batch
+		}
+	}
+	t := time.NewTimer(asyncLinger)
+	defer t.Stop()
+	for len(batch) < maxBatch {
+		select {
+		case o := <-w.ops:
+			batch = append(batch, o)
+			if o.done != nil {
+				return batch
+			}
+		case <-t.C:
+			return batch
+		case <-w.quit:
+			return batch
+		}
+	}
+	return batch
 }
 
 func (w *writer) commit(batch []*op) {

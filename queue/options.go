@@ -42,7 +42,7 @@ const (
 	ExpiryMargin = time.Minute
 	// markWindow is how many items of an order the submitter marks as
 	// sent in one write, ahead of their first attempts (see entry.sent).
-	markWindow = 64
+	markWindow = 1024
 )
 
 // An Option configures a queue made by [Open].

@@ -84,7 +84,7 @@ func (s *server) effects(trial int) (items []item, keys []string) {
 	return items, keys
 }
 
-func serve(t *testing.T, store idempotency.Store, seed uint64) *server {
+func serve(t testing.TB, store idempotency.Store, seed uint64) *server {
 	t.Helper()
 	runner, err := idempotency.New(store)
 	if err != nil {
@@ -140,6 +140,59 @@ func serve(t *testing.T, store idempotency.Store, seed uint64) *server {
 	return s
 }
 
+// stores returns an idempotency store on the PostgreSQL server of
+// IDEM_POSTGRES_URL and one on the Redis server of IDEM_REDIS_ADDR, each
+// with a table or prefix of its own, removed after the test.
+func stores(t testing.TB) (pg, rs idempotency.Store) {
+	t.Helper()
+	pgURL, redisAddr := env(t, "IDEM_POSTGRES_URL"), env(t, "IDEM_REDIS_ADDR")
+	run := fmt.Sprintf("queuecrash_%d_%08x", os.Getpid(), rand.Uint32())
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	pgs, err := postgres.New(pool, &postgres.Options{Table: run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := pgs.Migrate(mctx); err != nil {
+		t.Fatalf("IDEM_POSTGRES_URL: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{run}.Sanitize())
+	})
+	rdb := goredis.NewClient(&goredis.Options{Addr: redisAddr})
+	t.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("IDEM_REDIS_ADDR: %v", err)
+	}
+	prefix := strings.ReplaceAll(run, "_", "-") + ":"
+	rds, err := redis.New(rdb, &redis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		var cursor uint64
+		for {
+			keys, next, err := rdb.Scan(context.Background(), cursor, prefix+"*", 1000).Result()
+			if err != nil {
+				return
+			}
+			if len(keys) > 0 {
+				rdb.Unlink(context.Background(), keys...)
+			}
+			if cursor = next; cursor == 0 {
+				return
+			}
+		}
+	})
+	return pgs, rds
+}
+
 // buildClient builds the client (./client) without the race detector.
 func buildClient(t *testing.T) string {
 	t.Helper()
@@ -151,7 +204,7 @@ func buildClient(t *testing.T) string {
 	return bin
 }
 
-func env(t *testing.T, name string) string {
+func env(t testing.TB, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
@@ -181,55 +234,11 @@ type row struct {
 }
 
 func TestCrash(t *testing.T) {
-	pgURL, redisAddr := env(t, "IDEM_POSTGRES_URL"), env(t, "IDEM_REDIS_ADDR")
 	trials := envInt(t, "QUEUE_CRASH_TRIALS", defaultTrials)
 	seed := uint64(envInt(t, "QUEUE_CRASH_SEED", 20261201))
-	run := fmt.Sprintf("queuecrash_%d_%08x", os.Getpid(), rand.Uint32())
-	ctx := context.Background()
 	bin := buildClient(t)
 
-	pool, err := pgxpool.New(ctx, pgURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	pg, err := postgres.New(pool, &postgres.Options{Table: run})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := pg.Migrate(mctx); err != nil {
-		t.Fatalf("IDEM_POSTGRES_URL: %v", err)
-	}
-	t.Cleanup(func() {
-		pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{run}.Sanitize())
-	})
-	rdb := goredis.NewClient(&goredis.Options{Addr: redisAddr})
-	t.Cleanup(func() { rdb.Close() })
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("IDEM_REDIS_ADDR: %v", err)
-	}
-	prefix := strings.ReplaceAll(run, "_", "-") + ":"
-	rs, err := redis.New(rdb, &redis.Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var cursor uint64
-		for {
-			keys, next, err := rdb.Scan(context.Background(), cursor, prefix+"*", 1000).Result()
-			if err != nil {
-				return
-			}
-			if len(keys) > 0 {
-				rdb.Unlink(context.Background(), keys...)
-			}
-			if cursor = next; cursor == 0 {
-				return
-			}
-		}
-	})
+	pg, rs := stores(t)
 
 	// The control: a client that makes a new key per attempt, killed
 	// while the server runs its request, must show a second effect, or
