@@ -6,9 +6,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // Defaults of the [Transport]'s fields.
@@ -146,7 +147,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			backoff *= 2
 		}
 		if resp != nil {
-			if ra, ok := retryAfter(resp.Header.Get("Retry-After"), now); ok && ra > wait {
+			if ra, ok := edge.RetryAfter(resp.Header.Get("Retry-After"), now()); ok && ra > wait {
 				wait = ra
 			}
 		}
@@ -200,26 +201,6 @@ func retryable(resp *http.Response, err error, replayHeader string) bool {
 	}
 	s := resp.StatusCode
 	return s >= 500 || s == http.StatusTooManyRequests || s == http.StatusConflict
-}
-
-// retryAfter parses a Retry-After value: delay-seconds or an HTTP date.
-func retryAfter(v string, now func() time.Time) (time.Duration, bool) {
-	if v == "" {
-		return 0, false
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 {
-			return 0, false
-		}
-		if s > int64(24*time.Hour/time.Second) {
-			s = int64(24 * time.Hour / time.Second)
-		}
-		return time.Duration(s) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now()), 0), true
-	}
-	return 0, false
 }
 
 func (t *Transport) jitter(d time.Duration) time.Duration {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"strings"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -103,11 +102,11 @@ func (c *config) check() error {
 	switch {
 	case edge.IsNil(c.transport):
 		return invalidArg("WithTransport: nil transport")
-	case !validToken(c.keyHeader):
+	case !edge.ValidToken(c.keyHeader):
 		return invalidArg("WithKeyHeader: invalid header name %q", c.keyHeader)
-	case !validToken(c.replayHeader):
+	case !edge.ValidToken(c.replayHeader):
 		return invalidArg("WithReplayHeader: invalid header name %q", c.replayHeader)
-	case !validToken(c.expiresHeader):
+	case !edge.ValidToken(c.expiresHeader):
 		return invalidArg("WithExpiresHeader: invalid header name %q", c.expiresHeader)
 	case len(c.methods) == 0:
 		return invalidArg("WithMethods: no methods")
@@ -125,7 +124,7 @@ func (c *config) check() error {
 		return invalidArg("WithLockTimeout: must be positive, got %v", c.lockTimeout)
 	}
 	for _, m := range c.methods {
-		if !validToken(m) {
+		if !edge.ValidToken(m) {
 			return invalidArg("WithMethods: invalid method %q", m)
 		}
 		if m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions || m == http.MethodTrace {
@@ -142,18 +141,6 @@ func (c *config) check() error {
 		return invalidArg("%s", msg)
 	}
 	return nil
-}
-
-// validToken reports whether s is an RFC 9110 token (a header name, a
-// method).
-func validToken(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x80 || c <= ' ' || c == 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return s != ""
 }
 
 func invalidArg(format string, args ...any) error {

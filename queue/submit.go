@@ -8,13 +8,13 @@ import (
 	"mime"
 	"net/http"
 	"net/http/httptrace"
-	"strconv"
 	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/exactlyonce/idempotency/httpidem"
+	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
 // Run sends the queue's items until ctx is done or the queue is closed,
@@ -436,7 +436,7 @@ func (q *Queue) failed(ctx context.Context, e *entry, resp *Response, why string
 	now := q.cfg.now()
 	var hint time.Duration
 	if resp != nil {
-		hint = retryAfter(resp.Header.Get("Retry-After"), now)
+		hint, _ = edge.RetryAfter(resp.Header.Get("Retry-After"), now)
 	}
 	at, late := q.deadline(e)
 	q.mu.Lock()
@@ -543,22 +543,4 @@ func (q *Queue) end(ctx context.Context, e *entry, it *Item, x *end) {
 	e.inflight = false
 	q.remove(e)
 	q.mu.Unlock()
-}
-
-// retryAfter parses a Retry-After value: delay-seconds or an HTTP-date;
-// 0 for none or a malformed one.
-func retryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 {
-			return 0
-		}
-		return time.Duration(min(s, int64(24*time.Hour/time.Second))) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0)
-	}
-	return 0
 }
