@@ -59,7 +59,7 @@ func (q *Queue) Run(ctx context.Context) error {
 	q.running, q.stop = true, cancel
 	q.mu.Unlock()
 
-	slots := make(chan struct{}, q.cfg.concurrency)
+	limit := q.cfg.concurrency
 	done := make(chan struct{}, q.cfg.concurrency)
 	inflight := 0
 	defer func() {
@@ -73,7 +73,7 @@ func (q *Queue) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		if inflight < cap(slots) {
+		if inflight < limit {
 			if e := q.take(); e != nil {
 				inflight++
 				go func() {
@@ -83,7 +83,10 @@ func (q *Queue) Run(ctx context.Context) error {
 				continue
 			}
 		}
-		wait := q.untilDue()
+		wait := time.Duration(1<<63 - 1) // every slot busy: wait for one
+		if inflight < limit {
+			wait = q.untilDue()
+		}
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
