@@ -231,6 +231,7 @@ type row struct {
 	backend                                             string
 	trials, items, kills, dups, lost, reordered, retold int
 	inDoubt, inDoubtRan                                 int
+	byPoint                                             map[string]int // kills by kill point
 }
 
 func TestCrash(t *testing.T) {
@@ -266,7 +267,7 @@ func TestCrash(t *testing.T) {
 	}{{"postgres", pg}, {"redis", rs}} {
 		t.Run(b.name, func(t *testing.T) {
 			srv := serve(t, b.store, seed)
-			r := row{backend: "httpidem on " + b.name}
+			r := row{backend: "httpidem on " + b.name, byPoint: map[string]int{}}
 			for i := range trials {
 				tr := &trial{t: t, bin: bin, srv: srv, index: i, rnd: rand.New(rand.NewPCG(seed, uint64(i))), dir: t.TempDir()}
 				ok := t.Run(strconv.Itoa(i), func(t *testing.T) {
@@ -291,8 +292,8 @@ func TestCrash(t *testing.T) {
 	}
 	t.Logf("crash trial, seed %d:\n%s", seed, sb.String())
 	for _, r := range rows {
-		t.Logf("%s: %d items were being enqueued when their client was killed; %d of them were stored and ran once",
-			r.backend, r.inDoubt, r.inDoubtRan)
+		t.Logf("%s: kills by point %v; %d items were being enqueued when their client was killed, %d of them were stored and ran once",
+			r.backend, r.byPoint, r.inDoubt, r.inDoubtRan)
 	}
 	if f := os.Getenv("QUEUE_CRASH_REPORT"); f != "" {
 		os.WriteFile(f, []byte(sb.String()), 0o644)
@@ -314,6 +315,7 @@ type trial struct {
 	acked   map[int]string // item → key
 	dones   map[string]int // key → definitive answers told
 	kills   int
+	points  map[string]int // kills by point
 
 	lastStderr string
 }
@@ -436,6 +438,12 @@ func (tr *trial) client(file string, items []item, p *plan) bool {
 			cmd.Process.Signal(syscall.SIGKILL)
 			killed = true
 			tr.kills++
+			if tr.points == nil {
+				tr.points = map[string]int{}
+			}
+			if p != nil {
+				tr.points[p.point]++
+			}
 		}
 	}
 	counts := map[string]int{}
@@ -552,6 +560,11 @@ func (tr *trial) check(file string, r *row) {
 		}
 	}
 	r.kills += tr.kills
+	for k, n := range tr.points {
+		if r.byPoint != nil {
+			r.byPoint[k] += n
+		}
+	}
 	q, err := queue.Open(file)
 	if err != nil {
 		t.Fatal(err)
