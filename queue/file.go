@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -269,7 +270,8 @@ type brokenFile struct {
 // the file's lock until the process exits: a second Open of the same file
 // in this process gives the first one's error again, not ErrLocked.
 func openFile(path string, lockTimeout time.Duration) (*bolt.DB, error) {
-	if fi, err := os.Stat(path); err == nil {
+	fi, statErr := os.Stat(path)
+	if statErr == nil {
 		brokenFiles.Lock()
 		for _, b := range brokenFiles.files {
 			if os.SameFile(b.fi, fi) {
@@ -295,6 +297,14 @@ func openFile(path string, lockTimeout time.Duration) (*bolt.DB, error) {
 		return err
 	})
 	switch {
+	case err == nil && errors.Is(statErr, os.ErrNotExist):
+		// A new file: its name must be on disk too, or a power cut could
+		// lose the whole queue with the items it acknowledged.
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("queue: open %s: flushing its directory: %w", path, err)
+		}
+		return db, nil
 	case err == nil:
 		return db, nil
 	case errors.Is(err, ErrCorrupt):
@@ -309,6 +319,17 @@ func openFile(path string, lockTimeout time.Duration) (*bolt.DB, error) {
 		return nil, err
 	}
 	return nil, openError(path, err)
+}
+
+// syncDir flushes the directory dir, so that a new file's name in it is
+// on disk.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // openError explains an error of bolt.Open.
