@@ -432,6 +432,7 @@ func (tr *trial) client(file string, items []item, p *plan) bool {
 	if p != nil && p.point == killRandom {
 		random = time.After(p.after)
 	}
+	var proceed chan struct{} // the held handler's, once the client is killed in flight
 	killed := false
 	kill := func() {
 		if !killed {
@@ -490,15 +491,10 @@ loop:
 			default:
 				t.Errorf("the client said %q", line)
 			}
-		case proceed := <-inflight:
+		case proceed = <-inflight:
+			// The handler goes on only once the client is dead (below):
+			// its answer reaches nobody.
 			kill()
-			// Let the handler go on only once the client is dead: its
-			// answer reaches nobody.
-			for range lines {
-			}
-			cmd.Wait()
-			close(proceed)
-			return true
 		case <-random:
 			kill()
 		case <-timeout:
@@ -507,6 +503,9 @@ loop:
 		}
 	}
 	err = cmd.Wait()
+	if proceed != nil {
+		close(proceed)
+	}
 	tr.lastStderr = stderr.String()
 	if !killed && err != nil {
 		t.Fatalf("the client failed: %v\n%s", err, stderr.String())
