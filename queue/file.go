@@ -172,7 +172,7 @@ func (w *writer) loop() {
 // other process's I/O and network too), and such ops lose nothing by
 // waiting: a crash before they are on disk sends the removed items again,
 // and the server replays their answers.
-const asyncLinger = 25 * time.Millisecond
+const asyncLinger = 100 * time.Millisecond
 
 // linger returns batch, grown by the ops that come within asyncLinger if
 // none in it is waited for; an op that is waited for ends the wait.

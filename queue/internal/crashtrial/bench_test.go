@@ -22,7 +22,9 @@ import (
 // on PostgreSQL or Redis (in this process, over loopback), beside the same
 // requests sent straight to it by a plain client, one at a time or four at
 // once (four ordering keys for the queue): the queue's rate over the
-// server's alone is the figure.
+// server's alone is the figure. rt-µs/item is the mean round trip (the
+// server's time as the client sees it); queue-µs/item, one at a time, the
+// rest of an item's time: the queue's own.
 func BenchmarkSubmit(b *testing.B) {
 	pg, rs := stores(b)
 	for _, st := range []struct {
@@ -37,6 +39,7 @@ func BenchmarkSubmit(b *testing.B) {
 				defer tr.CloseIdleConnections()
 				var next atomic.Int64
 				var wg sync.WaitGroup
+				var rt atomic.Int64
 				b.ResetTimer()
 				for range par {
 					wg.Add(1)
@@ -45,6 +48,7 @@ func BenchmarkSubmit(b *testing.B) {
 						for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
 							req := kibRequest(srv.url, int(i), par)
 							httpidem.SetKey(req, httpidem.NewKey())
+							t0 := time.Now()
 							resp, err := tr.RoundTrip(req)
 							if err != nil {
 								b.Error(err)
@@ -52,6 +56,7 @@ func BenchmarkSubmit(b *testing.B) {
 							}
 							io.Copy(io.Discard, resp.Body)
 							resp.Body.Close()
+							rt.Add(int64(time.Since(t0)))
 							if resp.StatusCode != 201 {
 								b.Errorf("status %d", resp.StatusCode)
 								return
@@ -61,10 +66,11 @@ func BenchmarkSubmit(b *testing.B) {
 				}
 				wg.Wait()
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "items/s")
+				b.ReportMetric(float64(rt.Load())/1e3/float64(b.N), "rt-µs/item")
 			})
 			b.Run(fmt.Sprintf("%s/queue/conc-%d", st.name, par), func(b *testing.B) {
-				tr := &http.Transport{MaxIdleConnsPerHost: par}
-				defer tr.CloseIdleConnections()
+				tr := &timed{base: &http.Transport{MaxIdleConnsPerHost: par}}
+				defer tr.base.CloseIdleConnections()
 				var done atomic.Int64
 				q, err := queue.Open(filepath.Join(b.TempDir(), "q"), queue.WithTransport(tr), queue.WithConcurrency(par),
 					queue.WithOnDone(func(ctx context.Context, it *queue.Item) error {
@@ -90,9 +96,44 @@ func BenchmarkSubmit(b *testing.B) {
 				q.Run(ctx)
 				b.StopTimer()
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "items/s")
+				rt := float64(tr.rt.Load()) / 1e3 / float64(b.N)
+				b.ReportMetric(rt, "rt-µs/item")
+				// One at a time, what an item costs besides its round trip
+				// is the queue's own time.
+				if par == 1 {
+					b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)-rt, "queue-µs/item")
+				}
 			})
 		}
 	}
+}
+
+// timed is a RoundTripper that adds up the time of its round trips, the
+// reading of the answers included.
+type timed struct {
+	base *http.Transport
+	rt   atomic.Int64
+}
+
+func (t *timed) RoundTrip(req *http.Request) (*http.Response, error) {
+	t0 := time.Now()
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = &timedBody{ReadCloser: resp.Body, t: t, t0: t0}
+	return resp, nil
+}
+
+type timedBody struct {
+	io.ReadCloser
+	t  *timed
+	t0 time.Time
+}
+
+func (b *timedBody) Close() error {
+	b.t.rt.Add(int64(time.Since(b.t0)))
+	return b.ReadCloser.Close()
 }
 
 // kibRequest is a 1 KiB request of the server's, for item i of orders.
