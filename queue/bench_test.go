@@ -140,7 +140,7 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// Open of a queue of 10⁵ pending 1 KiB items (a file of about 250 MB),
+// Open of a queue of 10⁵ pending 1 KiB items (a file of about 170 MB),
 // in wall time and in this process's CPU time.
 func BenchmarkOpen(b *testing.B) {
 	const n = 100_000
