@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -155,5 +156,41 @@ func TestConcurrentEnqueue(t *testing.T) {
 				t.Errorf("key %s: %d effects", k, seen[k])
 			}
 		}
+	}
+}
+
+// Close stops a running Run, which returns ErrClosed; a closed queue
+// stores nothing and says so.
+func TestClose(t *testing.T) {
+	srv := rawServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	q, err := queue.Open(filepath.Join(t.TempDir(), "q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, q, post(t, srv, "{}"))
+	errc := make(chan error, 1)
+	go func() { errc <- q.Run(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, queue.ErrClosed) {
+			t.Errorf("Run after Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after Close")
+	}
+	if _, err := q.Enqueue(post(t, srv, "{}")); !errors.Is(err, queue.ErrNotStored) || !errors.Is(err, queue.ErrClosed) {
+		t.Errorf("Enqueue after Close: %v, want ErrNotStored and ErrClosed", err)
+	}
+	if err := q.Run(context.Background()); !errors.Is(err, queue.ErrClosed) {
+		t.Errorf("Run of a closed queue: %v", err)
+	}
+	if _, _, err := q.Len(); !errors.Is(err, queue.ErrClosed) {
+		t.Errorf("Len of a closed queue: %v", err)
 	}
 }

@@ -57,7 +57,9 @@ func (f optionFunc) apply(c *config) { f(c) }
 // returned and before the item was removed calls it again after the
 // restart, with the server's replay of the same answer
 // (it.Response.Replayed). A non-nil error keeps the item: it is sent
-// again after a backoff, and the handler called again.
+// again after a backoff, and the handler called again. It runs on the
+// submitter's goroutine, so the item's order waits for it; a panic in it
+// is not recovered.
 type Handler func(ctx context.Context, it *Item) error
 
 type config struct {
