@@ -173,15 +173,7 @@ func (c *config) validateConfig() error {
 }
 
 // validHeaderName reports whether s is an RFC 9110 token.
-func validHeaderName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x80 || c <= ' ' || c == 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return s != ""
-}
+func validHeaderName(s string) bool { return edge.ValidToken(s) }
 
 func invalidArg(format string, args ...any) error {
 	return fmt.Errorf("%w: httpidem: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)

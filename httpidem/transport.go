@@ -289,7 +289,7 @@ func (c *clientConfig) answer(resp *http.Response, err error, sent time.Time) ed
 	if !a.Retry {
 		return a
 	}
-	a.Hint, _ = retryAfter(resp.Header.Get("Retry-After"), c.now)
+	a.Hint, _ = edge.RetryAfter(resp.Header.Get("Retry-After"), c.now())
 	if resp.StatusCode == http.StatusConflict {
 		a.LeaseLeft = leaseLeft(resp.Header.Get(LeaseHeader))
 	}
@@ -377,24 +377,4 @@ func leaseLeft(v string) time.Duration {
 		return 0
 	}
 	return time.Duration(s) * time.Second
-}
-
-// retryAfter parses a Retry-After value: delay-seconds or an HTTP date.
-func retryAfter(v string, now func() time.Time) (time.Duration, bool) {
-	if v == "" {
-		return 0, false
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 {
-			return 0, false
-		}
-		if s > int64(24*time.Hour/time.Second) {
-			s = int64(24 * time.Hour / time.Second)
-		}
-		return time.Duration(s) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now()), 0), true
-	}
-	return 0, false
 }

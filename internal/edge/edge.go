@@ -11,6 +11,9 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/exactlyonce/idempotency/internal/typednil"
@@ -85,4 +88,39 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// MaxRetryAfter caps the delay a client takes from a Retry-After header:
+// a server's typo must not park a request for years.
+const MaxRetryAfter = 24 * time.Hour
+
+// RetryAfter parses a Retry-After header's value (RFC 9110 §10.2.3):
+// delay-seconds, or an HTTP-date judged by now; capped at MaxRetryAfter.
+// It reports false for an empty or malformed value.
+func RetryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s < 0 {
+			return 0, false
+		}
+		return time.Duration(min(s, int64(MaxRetryAfter/time.Second))) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return min(max(t.Sub(now), 0), MaxRetryAfter), true
+	}
+	return 0, false
+}
+
+// ValidToken reports whether s is an RFC 9110 token: a header name, a
+// method.
+func ValidToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x80 || c <= ' ' || c == 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -139,15 +139,7 @@ func (b *Backoff) Retry(ctx context.Context, attempt func(ctx context.Context, n
 		if !t.Before(last) {
 			return nil // the budget, or the lease's, has passed
 		}
-		wait := b.jitter(min(backoff, b.MaxBackoff))
-		// Double up to the cap and stay there: doubling without bound
-		// would overflow after a few dozen attempts into a negative
-		// backoff, and the retries would run in a tight loop.
-		if backoff >= b.MaxBackoff/2 {
-			backoff = b.MaxBackoff
-		} else {
-			backoff *= 2
-		}
+		wait := b.step(&backoff)
 		if last != end && t.Add(wait).After(last) {
 			// Following a lease: land the last attempt in it, not past it.
 			wait = last.Sub(t)
@@ -204,4 +196,63 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// Schedule is the step form of [Backoff.Retry], for a caller that
+// schedules its attempts itself instead of waiting between them (the
+// client queue, whose items wait in a file): the same attempts, jitter and
+// doubling, and the same bounds but the lease's.
+type Schedule struct {
+	b       *Backoff
+	start   time.Time
+	backoff time.Duration
+	n       int
+}
+
+// Start begins the schedule of a call whose first attempt is about to be
+// made.
+func (b *Backoff) Start() Schedule {
+	return Schedule{b: b, start: b.now(), backoff: b.MinBackoff, n: 1}
+}
+
+// Next returns how long to wait before the next attempt, given the
+// server's hint (0 for none), and false when no attempt is left:
+// MaxAttempts were made, or the next would start after MaxElapsed from the
+// first, or after deadline (when not zero).
+func (s *Schedule) Next(hint time.Duration, deadline time.Time) (time.Duration, bool) {
+	b := s.b
+	if s.n >= b.MaxAttempts {
+		return 0, false
+	}
+	s.n++
+	wait := max(b.step(&s.backoff), hint)
+	next := b.now().Add(wait)
+	if next.Sub(s.start) > b.MaxElapsed || !deadline.IsZero() && !next.Before(deadline) {
+		return 0, false
+	}
+	return wait, true
+}
+
+// Attempt is the number of the attempt about to be made (or last made).
+func (s *Schedule) Attempt() int { return s.n }
+
+func (b *Backoff) now() time.Time {
+	if b.Now != nil {
+		return b.Now()
+	}
+	return time.Now()
+}
+
+// step draws a wait from [0, backoff] and doubles backoff up to
+// MaxBackoff, where it stays: doubling without bound would overflow after
+// a few dozen attempts into a negative backoff, and the retries would run
+// in a tight loop.
+func (b *Backoff) step(backoff *time.Duration) time.Duration {
+	wait := b.jitter(min(*backoff, b.MaxBackoff))
+	if *backoff >= b.MaxBackoff/2 {
+		*backoff = b.MaxBackoff
+	} else {
+		*backoff *= 2
+	}
+	return wait
 }
