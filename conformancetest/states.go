@@ -341,7 +341,7 @@ func testEveryState(e *env) {
 	late := claim("late", e.short, long, true)              // late, then taken over
 	lateHolder := claim("late-holder", e.short, long, true) // late, then repeated by its holder
 	twice := claim("twice", e.short, long, true)            // taken over twice
-	exp := claim("expired", e.short, e.short, false)        // expires STARTED
+	exp := claim("expired", e.short, 0, false)              // expires STARTED
 	done := claim("expired-completed", long, long, true)    // expires COMPLETED
 	e.complete(done.key, done.tok, []byte("r"), e.short)
 	rel := claim("released", long, long, true)
