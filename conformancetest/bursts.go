@@ -222,8 +222,8 @@ type staleKey struct {
 // or the write landed first and the claims saw it (a renewed lease, the
 // new checkpoint handed over, the stale result replayed, a fresh record
 // after the release). As in many_keys_takeover_8_goroutines, the window of
-// a store in the process is microseconds, so the case runs up to 32 rounds
-// of 64 keys (see moreRounds). Keys
+// a store in the process is microseconds, so the case runs 32 rounds of 64
+// keys, or more, or fewer (see moreStaleRounds). Keys
 // are acquired a batch of rounds at a time, with the shortest lease the
 // store keeps, and the case waits once a batch for those leases to end.
 func testStaleWritesRace(e *env) {
@@ -233,7 +233,7 @@ func testStaleWritesRace(e *env) {
 	r := 0
 	var answers []answer
 	defer func() { e.logRepeats(fmt.Sprintf("%d rounds of %d keys", r, perRound), answers) }()
-	for ; r < rounds && e.moreRounds(start, r, minRounds); r += batch {
+	for ; e.moreStaleRounds(start, r, minRounds, rounds); r += batch {
 		ks := e.staleKeys(r*perRound, batch*perRound, claimers)
 		if e.t.Failed() {
 			return
@@ -248,6 +248,24 @@ func testStaleWritesRace(e *env) {
 	}
 	e.t.Logf("%d rounds of %d keys in %v", r, perRound, time.Since(start).Round(time.Millisecond))
 }
+
+// moreStaleRounds reports whether stale_writes_race_takeovers, which began
+// its rounds at start and has run r of them, runs more. On the controlled
+// clock it runs all rounds (see moreRounds), and more while they have
+// taken less than staleTime, up to 16 times as many: on a fast machine
+// (no race detector) a round costs microseconds, and each has less chance
+// to land a claim in a write's window. In real time it stops as
+// moreRounds does, and after rounds.
+func (e *env) moreStaleRounds(start time.Time, r, minRounds, rounds int) bool {
+	if e.caps.ControlledClock {
+		return r < rounds || r < 16*rounds && time.Since(start) < staleTime
+	}
+	return r < rounds && e.moreRounds(start, r, minRounds)
+}
+
+// staleTime is how long, at least, stale_writes_race_takeovers runs rounds
+// on the controlled clock.
+const staleTime = time.Second
 
 // staleKeys acquires n keys, from the first'th on, for
 // stale_writes_race_takeovers, each for the shortest lease the store keeps
