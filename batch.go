@@ -305,7 +305,7 @@ func (b *batch[T]) attempts(n int, errs []error, call func(ctx context.Context, 
 		var again []int
 		for k, j := range idx {
 			errs[j] = got[k]
-			if got[k] != nil && attempt < r.cfg.storeAttempts && retryable(b.ctx, got[k]) {
+			if got[k] != nil && attempt < r.cfg.storeAttempts && Retryable(b.ctx, got[k]) {
 				again = append(again, j)
 			}
 		}

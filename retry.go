@@ -34,7 +34,7 @@ func (r *Runner) retryIn(ctx context.Context, first *boundedCtx, attempts int, f
 	for attempt := 1; ; attempt++ {
 		err := r.attempt(ctx, first, f)
 		first = nil
-		if err == nil || attempt >= attempts || !retryable(ctx, err) {
+		if err == nil || attempt >= attempts || !Retryable(ctx, err) {
 			return err
 		}
 		// Full jitter keeps a crowd of retries from landing together.
@@ -62,11 +62,15 @@ func (r *Runner) attempt(ctx context.Context, storage *boundedCtx, f func(contex
 	return f(actx)
 }
 
-// retryable reports whether a failed store call is worth repeating: not
-// when the caller's ctx is done or the store gave a definite answer. A
-// deadline the caller did not set (an attempt's, a driver's) leaves the
-// outcome unknown, which a repeat with the same token resolves.
-func retryable(ctx context.Context, err error) bool {
+// Retryable reports whether err, the error of a store call made with ctx,
+// is worth repeating the call for, with the same token (rule 4 of [Store]
+// makes that safe): not when ctx is done, nor when the store gave a
+// definite answer ([ErrLeaseLost], [ErrTooLarge], [ErrInvalidArgument],
+// [ErrCorrupt], [ErrNotFound], a canceled context). A deadline the caller
+// did not set (an attempt's, a driver's) leaves the outcome unknown, which
+// a repeat resolves. err is not nil. [Do] repeats such calls, and so do
+// the conformance suite's bursts.
+func Retryable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}

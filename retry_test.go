@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -120,4 +121,32 @@ func newBoundedCtx(parent context.Context, d time.Duration) *boundedCtx {
 // context is.
 func withAttemptTimeout(ctx context.Context, d time.Duration) *boundedCtx {
 	return new(boundedCtx).initAttempt(ctx, d)
+}
+
+// Retryable repeats what may be a passing failure, never a definite answer
+// or a call whose caller's context is done.
+func TestRetryable(t *testing.T) {
+	live := context.Background()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	transient := errors.New("etcdserver: request timed out")
+	for _, c := range []struct {
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{live, transient, true},
+		{live, fmt.Errorf("postgres: claim: %w", context.DeadlineExceeded), true}, // an attempt's deadline
+		{done, transient, false},
+		{live, context.Canceled, false},
+		{live, fmt.Errorf("store: %w", ErrLeaseLost), false},
+		{live, ErrTooLarge, false},
+		{live, ErrInvalidArgument, false},
+		{live, ErrCorrupt, false},
+		{live, ErrNotFound, false},
+	} {
+		if got := Retryable(c.ctx, c.err); got != c.want {
+			t.Errorf("Retryable(ctx done: %v, %v) = %v, want %v", c.ctx.Err() != nil, c.err, got, c.want)
+		}
+	}
 }

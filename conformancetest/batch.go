@@ -3,6 +3,7 @@ package conformancetest
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +35,7 @@ var batchCases = []testCase{
 // claimBatch runs ClaimBatch and checks that it answered each item.
 func (e *env) claimBatch(reqs []idempotency.ClaimRequest, what string) []idempotency.ClaimResult {
 	e.t.Helper()
-	res, errs := e.feat.batcher.ClaimBatch(e.ctx, reqs)
+	res, errs := e.batchClaims(reqs)
 	if len(res) != len(reqs) || len(errs) != len(reqs) {
 		e.t.Fatalf("%s: ClaimBatch of %d items returned %d results and %d errors", what, len(reqs), len(res), len(errs))
 	}
@@ -46,9 +47,46 @@ func (e *env) claimBatch(reqs []idempotency.ClaimRequest, what string) []idempot
 	return res
 }
 
+// batchClaims hands reqs to ClaimBatch in calls of at most the store's
+// declared Limits.MaxBatch items, as [idempotency.DoBatch] does.
+func (e *env) batchClaims(reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
+	n := e.feat.maxBatch
+	if n <= 0 || len(reqs) <= n {
+		return e.feat.batcher.ClaimBatch(e.ctx, reqs)
+	}
+	var res []idempotency.ClaimResult
+	var errs []error
+	for part := range slices.Chunk(reqs, n) {
+		r, er := e.feat.batcher.ClaimBatch(e.ctx, part)
+		if len(r) != len(part) || len(er) != len(part) {
+			return r, er // the caller reports the short answer
+		}
+		res, errs = append(res, r...), append(errs, er...)
+	}
+	return res, errs
+}
+
+// batchFinishes hands items to FinishBatch in calls of at most the store's
+// declared Limits.MaxBatch items.
+func (e *env) batchFinishes(items []idempotency.Finish) []error {
+	n := e.feat.maxBatch
+	if n <= 0 || len(items) <= n {
+		return e.feat.batcher.FinishBatch(e.ctx, items)
+	}
+	var errs []error
+	for part := range slices.Chunk(items, n) {
+		er := e.feat.batcher.FinishBatch(e.ctx, part)
+		if len(er) != len(part) {
+			return er
+		}
+		errs = append(errs, er...)
+	}
+	return errs
+}
+
 func (e *env) finishBatch(items []idempotency.Finish, what string) []error {
 	e.t.Helper()
-	errs := e.feat.batcher.FinishBatch(e.ctx, items)
+	errs := e.batchFinishes(items)
 	if len(errs) != len(items) {
 		e.t.Fatalf("%s: FinishBatch of %d items returned %d errors", what, len(items), len(errs))
 	}
@@ -128,7 +166,7 @@ func testBatchRace(e *env) {
 					for k := range reqs {
 						reqs[k] = idempotency.ClaimRequest{Key: key(k), Fingerprint: fpA, Token: e.token(), Lease: long, Grace: long}
 					}
-					res, errs := e.feat.batcher.ClaimBatch(e.ctx, reqs)
+					res, errs := e.batchClaims(reqs)
 					if len(res) != keys || len(errs) != keys {
 						e.t.Errorf("ClaimBatch of %d items returned %d results and %d errors", keys, len(res), len(errs))
 						return

@@ -143,11 +143,43 @@ var brokenStores = map[string][]string{
 	"stuck_cursor_repeats": {"stuck_lists_ended_leases"},
 	// Stuck returns everything in one page, whatever the limit.
 	"stuck_ignores_limit": {"stuck_lists_ended_leases"},
+	// A write under a lease checks the holder, then writes without a
+	// condition (two steps, as a store that checks with an atomic Renew or
+	// a read and then writes): a takeover between them gets the stale
+	// holder's write. One store per write.
+	"racy_write_renew":      {"stale_writes_race_takeovers"},
+	"racy_write_checkpoint": {"stale_writes_race_takeovers"},
+	"racy_write_complete":   {"stale_writes_race_takeovers"},
+	"racy_write_release":    {"stale_writes_race_takeovers"},
+	// Sweep with no limit (limit <= 0) deletes nothing, as "LIMIT $1"
+	// given 0 does.
+	"sweep_zero_noop": {"sweep_removes_only_expired"},
+	// Leases, grace and retention are cut to whole seconds, and the store
+	// declares no Resolution.
+	"whole_seconds": {"durations_as_declared", "in_progress_retry_after"},
+	// Deadlines are kept as whole Unix seconds (rounded down), and the
+	// store declares no Resolution.
+	"deadline_seconds": {"durations_as_declared"},
+	// The store declares a Resolution of a second, but rounds durations
+	// down to whole seconds: a lease ends sooner than asked.
+	"resolution_rounds_down": {"durations_as_declared"},
+	// The store declares a MinLease of 2s, but leases shorter than 4s last
+	// 4s (a server whose minimum lease is longer than declared).
+	"min_lease_stretched": {"durations_as_declared"},
+	// Once a lease has ended, any token may write, nobody having taken
+	// over (a write conditioned on "token = $1 OR lease ended").
+	"ended_lease_open": {"answers_in_every_state"},
+	// Inspect reports attempt 1 whatever the takeovers.
+	"inspect_first_attempt": {"answers_in_every_state"},
+	// Answers other than an acquisition (in progress, replay, mismatch)
+	// report the fence of the record's first acquisition.
+	"answer_first_fence": {"answers_in_every_state"},
 }
 
 // probabilistic faults are caught in most runs, not all: their subprocess
 // runs the suite three times, and one failure of each case is enough.
-var probabilistic = map[string]bool{"racy_claim": true, "racy_takeover": true, "batch_racy_claims": true}
+var probabilistic = map[string]bool{"racy_claim": true, "racy_takeover": true, "batch_racy_claims": true,
+	"racy_write_renew": true, "racy_write_checkpoint": true, "racy_write_complete": true, "racy_write_release": true}
 
 const refMaxValue = 64 << 10
 
@@ -155,9 +187,17 @@ var refCaps = conformancetest.Capabilities{ControlledClock: true}
 
 // Capabilities declares the reference store's parts (all of them) and its
 // value limit, which the suite reads.
+// Faults about limits declare some more.
 func (s *refStore) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s, Batcher: s,
+	c := idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: refMaxValue}}
+	switch s.fault {
+	case "resolution_rounds_down":
+		c.Limits.Resolution = time.Second
+	case "min_lease_stretched":
+		c.Limits.MinLease = 2 * time.Second
+	}
+	return c
 }
 
 // TestBrokenStore runs the suite against the store with the fault named by
@@ -252,6 +292,7 @@ type refRecord struct {
 	fence     int64
 	attempt   int
 	acquired  time.Time     // when the holder acquired it (retention_from_claim)
+	first     int64         // the fence of the first acquisition (answer_first_fence)
 	leaseLen  time.Duration // the lease asked for (checkpoint_extends_lease, retry_after_full_lease)
 	leaseEnd  time.Time
 	grace     time.Duration
@@ -328,8 +369,33 @@ func (s *refStore) leaseLocked(rec *refRecord, now time.Time, lease, grace time.
 	if s.fault == "short_lease" {
 		lease = lease * 3 / 4
 	}
-	rec.leaseLen, rec.leaseEnd, rec.grace = lease, now.Add(lease), grace
-	rec.expires = s.expiry(rec.leaseEnd.Add(grace))
+	lease, grace = s.leaseLen(lease), s.dur(grace)
+	rec.leaseLen, rec.leaseEnd, rec.grace = lease, s.deadline(now.Add(lease)), grace
+	rec.expires = s.expiry(s.deadline(rec.leaseEnd.Add(grace)))
+}
+
+// dur is a duration as the store keeps it.
+func (s *refStore) dur(d time.Duration) time.Duration {
+	if s.fault == "whole_seconds" || s.fault == "resolution_rounds_down" {
+		return d.Truncate(time.Second)
+	}
+	return d
+}
+
+// leaseLen is a lease as the store keeps it.
+func (s *refStore) leaseLen(d time.Duration) time.Duration {
+	if s.fault == "min_lease_stretched" {
+		d = max(d, 4*time.Second)
+	}
+	return s.dur(d)
+}
+
+// deadline is a deadline as the store keeps it.
+func (s *refStore) deadline(t time.Time) time.Time {
+	if s.fault == "deadline_seconds" {
+		return t.Truncate(time.Second)
+	}
+	return t
 }
 
 func (s *refStore) expiry(t time.Time) time.Time {
@@ -373,6 +439,9 @@ func (s *refStore) claimLocked(key string, r idempotency.ClaimRequest, now time.
 		return s.createLocked(key, rec, r, now)
 	}
 	res := idempotency.ClaimResult{Fence: rec.fence, Attempt: rec.attempt}
+	if s.fault == "answer_first_fence" {
+		res.Fence = rec.first
+	}
 	switch {
 	case !s.sameFingerprint(rec.fp, r.Fingerprint):
 		res.Outcome = idempotency.OutcomeMismatch
@@ -409,6 +478,7 @@ func (s *refStore) createLocked(key string, old *refRecord, r idempotency.ClaimR
 	if s.fault == "fence_restarts" {
 		rec.fence = 1
 	}
+	rec.first = rec.fence
 	if s.fault == "complete_keeps_checkpoints" && old != nil && old.completed {
 		rec.cps = old.cps // an upsert that clears checkpoints of STARTED rows only
 	}
@@ -514,11 +584,53 @@ var errLost = fmt.Errorf("%w: refStore", idempotency.ErrLeaseLost)
 func (s *refStore) heldLocked(key string, token idempotency.Token, now time.Time) (*refRecord, error) {
 	rec := s.recs[key]
 	if rec == nil || !now.Before(rec.expires) && s.fault != "expired_writes_land" ||
-		rec.completed || !s.sameToken(rec.token, token) ||
+		rec.completed || !s.holds(rec, token, now) ||
 		s.fault == "late_writes_refused" && !now.Before(rec.leaseEnd) {
 		return nil, errLost
 	}
 	return rec, nil
+}
+
+// holds reports whether token may write to rec.
+func (s *refStore) holds(rec *refRecord, token idempotency.Token, now time.Time) bool {
+	return s.sameToken(rec.token, token) || s.fault == "ended_lease_open" && !now.Before(rec.leaseEnd)
+}
+
+// racyWrite, for the racy_write faults, writes under a lease in two steps:
+// it checks the holder, and then, with the record encoded and decoded in
+// between (as a store that reads the record, or checks the holder with an
+// atomic call, and then sends its write), applies write to whatever record
+// the key holds, without a condition. A Release (release) of an absent
+// record succeeds without a write.
+func (s *refStore) racyWrite(ctx context.Context, key string, token idempotency.Token, release bool, write func(rec *refRecord, now time.Time)) error {
+	if err := s.ctxErr(ctx); err != nil {
+		return err
+	}
+	key = s.key(key)
+	s.mu.Lock()
+	now := s.now()
+	if rec := s.liveLocked(key, now); rec == nil && release {
+		s.mu.Unlock()
+		return nil
+	}
+	rec, err := s.heldLocked(key, token, now)
+	var wire refWire
+	if err == nil {
+		wire = refWire{Token: rec.token, Fence: rec.fence, Attempt: rec.attempt, LeaseEnd: rec.leaseEnd}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(wire)
+	_ = json.Unmarshal(b, &wire)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rec := s.recs[key]; rec != nil {
+		write(rec, s.now())
+		s.notifyLocked()
+	}
+	return nil
 }
 
 // write runs a write under the lease, with reply_lost_as_refusal's fault.
@@ -536,15 +648,21 @@ func (s *refStore) write(ctx context.Context, f func(now time.Time) error) error
 }
 
 func (s *refStore) Renew(ctx context.Context, key string, token idempotency.Token, lease time.Duration) error {
-	if s.fault == "renew_ignored" {
+	switch s.fault {
+	case "renew_ignored":
 		return nil
+	case "racy_write_renew":
+		return s.racyWrite(ctx, key, token, false, func(rec *refRecord, now time.Time) {
+			rec.leaseEnd, rec.expires = now.Add(lease), now.Add(lease+rec.grace)
+		})
 	}
+	lease = s.leaseLen(lease)
 	return s.write(ctx, func(now time.Time) error {
 		rec, err := s.heldLocked(s.key(key), token, now)
 		if err != nil {
 			return err
 		}
-		end, grace := now.Add(lease), rec.grace
+		end, grace := s.deadline(now.Add(lease)), rec.grace
 		switch s.fault {
 		case "renew_from_deadline":
 			end = rec.leaseEnd.Add(lease)
@@ -555,7 +673,7 @@ func (s *refStore) Renew(ctx context.Context, key string, token idempotency.Toke
 		case "renew_drops_grace":
 			grace = 0
 		}
-		rec.leaseEnd, rec.expires = end, s.expiry(end.Add(grace))
+		rec.leaseEnd, rec.expires = end, s.expiry(s.deadline(end.Add(grace)))
 		return nil
 	})
 }
@@ -563,6 +681,14 @@ func (s *refStore) Renew(ctx context.Context, key string, token idempotency.Toke
 func (s *refStore) Checkpoint(ctx context.Context, key string, token idempotency.Token, name string, value []byte) error {
 	if len(value) > refMaxValue {
 		return fmt.Errorf("%w: refStore: checkpoint of %d bytes", idempotency.ErrTooLarge, len(value))
+	}
+	if s.fault == "racy_write_checkpoint" {
+		return s.racyWrite(ctx, key, token, false, func(rec *refRecord, _ time.Time) {
+			if rec.cps == nil {
+				rec.cps = map[string][]byte{}
+			}
+			rec.cps[name] = clone(value)
+		})
 	}
 	return s.write(ctx, func(now time.Time) error {
 		rec, err := s.heldLocked(s.key(key), token, now)
@@ -596,12 +722,18 @@ func (s *refStore) Complete(ctx context.Context, key string, token idempotency.T
 		}
 		result = result[:refMaxValue]
 	}
+	if s.fault == "racy_write_complete" {
+		return s.racyWrite(ctx, key, token, false, func(rec *refRecord, now time.Time) {
+			rec.completed, rec.result, rec.cps, rec.expires = true, clone(result), nil, now.Add(retention)
+		})
+	}
+	retention = s.dur(retention)
 	err := s.write(ctx, func(now time.Time) error {
 		rec := s.recs[s.key(key)]
 		switch {
 		case rec == nil || !now.Before(rec.expires) && s.fault != "expired_writes_land":
 			return errLost
-		case s.fault != "unfenced_complete" && !s.sameToken(rec.token, token):
+		case s.fault != "unfenced_complete" && !s.holds(rec, token, now):
 			return errLost
 		case rec.completed:
 			if s.fault == "repeat_complete_extends" {
@@ -615,7 +747,7 @@ func (s *refStore) Complete(ctx context.Context, key string, token idempotency.T
 		if s.fault == "retention_from_claim" {
 			from = rec.acquired
 		}
-		rec.completed, rec.result, rec.expires = true, clone(result), s.expiry(from.Add(retention))
+		rec.completed, rec.result, rec.expires = true, clone(result), s.expiry(s.deadline(from.Add(retention)))
 		if s.fault == "aliased_result" {
 			rec.result = result
 		}
@@ -632,13 +764,16 @@ func (s *refStore) Complete(ctx context.Context, key string, token idempotency.T
 }
 
 func (s *refStore) Release(ctx context.Context, key string, token idempotency.Token) error {
+	if s.fault == "racy_write_release" {
+		return s.racyWrite(ctx, key, token, true, func(*refRecord, time.Time) { delete(s.recs, s.key(key)) })
+	}
 	return s.write(ctx, func(now time.Time) error {
 		key := s.key(key)
 		rec := s.recs[key]
 		switch {
 		case rec == nil || !now.Before(rec.expires) && s.fault != "expired_release_refused":
 			return nil // absent or expired
-		case s.fault != "unfenced_release" && !s.sameToken(rec.token, token), rec.completed:
+		case s.fault != "unfenced_release" && !s.holds(rec, token, now), rec.completed:
 			return errLost
 		case s.fault == "late_writes_refused" && !now.Before(rec.leaseEnd):
 			return errLost
@@ -653,7 +788,7 @@ func (s *refStore) Sweep(ctx context.Context, limit int) (int, error) {
 	if err := s.ctxErr(ctx); err != nil {
 		return 0, err
 	}
-	if s.fault == "sweep_noop" {
+	if s.fault == "sweep_noop" || s.fault == "sweep_zero_noop" && limit <= 0 {
 		return 0, nil
 	}
 	s.mu.Lock()
@@ -738,6 +873,9 @@ func (s *refStore) infoLocked(key string, rec *refRecord, now time.Time) idempot
 		info.State = idempotency.StateCompleted
 	} else {
 		info.LeaseLeft = max(rec.leaseEnd.Sub(now), 0)
+	}
+	if s.fault == "inspect_first_attempt" {
+		info.Attempt = 1
 	}
 	if s.fault == "inspect_aliases" {
 		info.Result, info.Checkpoints = rec.result, rec.cps

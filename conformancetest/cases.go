@@ -181,78 +181,6 @@ func testInProgress(e *env) {
 	e.replayEquals(k, fpA, []byte("r"), "replay after the holder completed (InProgress answers must not disturb it)")
 }
 
-// burst claims every key from per goroutines at once, with distinct tokens
-// and the given lease, all released together, and returns the acquisitions
-// of each key. Errors, and outcomes other than Acquired and InProgress with
-// a positive RetryAfter, fail the case.
-func (e *env) burst(keys []string, per int, lease time.Duration) [][]idempotency.ClaimResult {
-	e.t.Helper()
-	results := make([][]idempotency.ClaimResult, len(keys))
-	errs := make([][]error, len(keys))
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i, key := range keys {
-		results[i] = make([]idempotency.ClaimResult, per)
-		errs[i] = make([]error, per)
-		for j := range per {
-			tok := e.token()
-			wg.Go(func() {
-				<-start
-				results[i][j], errs[i][j] = e.s.Claim(e.ctx, idempotency.ClaimRequest{
-					Key: key, Fingerprint: fpA, Token: tok, Lease: lease, Grace: long,
-				})
-			})
-		}
-	}
-	close(start)
-	wg.Wait()
-
-	acquired := make([][]idempotency.ClaimResult, len(keys))
-	var bad []string
-	for i, key := range keys {
-		for j, res := range results[i] {
-			switch {
-			case errs[i][j] != nil:
-				bad = append(bad, fmt.Sprintf("claim of %s: %v", short(key), errs[i][j]))
-			case res.Outcome == idempotency.OutcomeAcquired:
-				acquired[i] = append(acquired[i], res)
-			case res.Outcome != idempotency.OutcomeInProgress:
-				bad = append(bad, fmt.Sprintf("claim of %s: outcome %v, want acquired or in_progress", short(key), res.Outcome))
-			case res.RetryAfter <= 0:
-				bad = append(bad, fmt.Sprintf("claim of %s: in_progress with RetryAfter %v, want > 0", short(key), res.RetryAfter))
-			}
-		}
-	}
-	if len(bad) > 0 {
-		e.t.Errorf("%d of %d concurrent claims failed or had unexpected outcomes, e.g. %s",
-			len(bad), len(keys)*per, strings.Join(bad[:min(5, len(bad))], "; "))
-	}
-	return acquired
-}
-
-// onceEach fails the case unless every key was acquired exactly once, as
-// attempt and with a fence greater than first's (when first is given).
-func (e *env) onceEach(keys []string, acquired [][]idempotency.ClaimResult, attempt int, first []idempotency.ClaimResult, what string) {
-	e.t.Helper()
-	var wrong []string
-	total := 0
-	for i, acq := range acquired {
-		total += len(acq)
-		switch {
-		case len(acq) != 1:
-			wrong = append(wrong, fmt.Sprintf("%s acquired %d times", short(keys[i]), len(acq)))
-		case acq[0].Attempt != attempt:
-			wrong = append(wrong, fmt.Sprintf("%s acquired as attempt %d, want %d", short(keys[i]), acq[0].Attempt, attempt))
-		case first != nil && acq[0].Fence <= first[i].Fence:
-			wrong = append(wrong, fmt.Sprintf("%s acquired with fence %d, want above %d", short(keys[i]), acq[0].Fence, first[i].Fence))
-		}
-	}
-	if len(wrong) > 0 {
-		e.t.Errorf("%s: %d of %d keys were not acquired exactly once (%d acquisitions in all), e.g. %s",
-			what, len(wrong), len(keys), total, strings.Join(wrong[:min(5, len(wrong))], "; "))
-	}
-}
-
 func testOneKeyConcurrent(e *env) {
 	keys := []string{e.key("one-key")}
 	e.onceEach(keys, e.burst(keys, 64, long), 1, nil, "64 concurrent claims of one key")
@@ -279,8 +207,8 @@ func testConcurrentTakeover(e *env) {
 // the process (a window of microseconds, two CPUs shared with other work)
 // is rare. Many short bursts, one after another, give it many chances. A
 // store over a network needs fewer (its window is a round trip at least)
-// and takes longer for each, so the bursts stop after takeoverBudget once
-// minRounds are done.
+// and takes longer for each, so in real time the bursts stop after
+// takeoverBudget once minRounds are done (see moreRounds).
 func testManyKeysTakeover(e *env) {
 	const rounds, minRounds, perRound = 16, 4, 64
 	keys := make([]string, rounds*perRound)
@@ -289,7 +217,7 @@ func testManyKeysTakeover(e *env) {
 	}
 	// Every lease is the shortest the store honours: the case waits for
 	// them all once.
-	setup := e.burst(keys, 1, e.tol)
+	setup := e.burst(keys, 1, e.short)
 	e.onceEach(keys, setup, 1, nil, "claims of absent keys")
 	if e.t.Failed() {
 		return
@@ -298,9 +226,9 @@ func testManyKeysTakeover(e *env) {
 	for i, acq := range setup {
 		first[i] = acq[0]
 	}
-	e.passBeyond(e.tol)
+	e.passBeyond(e.short)
 	start := time.Now()
-	for r := 0; r < rounds && (r < minRounds || time.Since(start) < takeoverBudget); r++ {
+	for r := 0; r < rounds && e.moreRounds(start, r, minRounds); r++ {
 		ks, fs := keys[r*perRound:(r+1)*perRound], first[r*perRound:(r+1)*perRound]
 		e.onceEach(ks, e.burst(ks, 8, long), 2, fs, fmt.Sprintf("round %d of %d: 8 concurrent claims of each of %d expired leases", r+1, rounds, perRound))
 		if e.t.Failed() {
@@ -309,9 +237,22 @@ func testManyKeysTakeover(e *env) {
 	}
 }
 
-// takeoverBudget bounds the time many_keys_takeover_8_goroutines spends
-// in bursts after its first minRounds.
+// takeoverBudget bounds the time many_keys_takeover_8_goroutines and
+// stale_writes_race_takeovers spend in bursts after their first minRounds,
+// in real time.
 const takeoverBudget = 500 * time.Millisecond
+
+// moreRounds reports whether a case that began its rounds at start and has
+// run r of them runs more: always before minRounds; then, on the
+// controlled clock, every round (a store that takes the suite's clock runs
+// in the process, where a race's window is narrowest and a round costs
+// microseconds, and its waits cost nothing); in real time (a server, whose
+// window is a round trip at least, and whose rounds are slow) until
+// takeoverBudget has passed. On the controlled clock, the number of rounds
+// does not depend on the machine's load.
+func (e *env) moreRounds(start time.Time, r, minRounds int) bool {
+	return r < minRounds || e.caps.ControlledClock || time.Since(start) < takeoverBudget
+}
 
 func testTakeover(e *env) {
 	lease := 2 * e.unit
@@ -665,6 +606,34 @@ func testSweep(e *env) {
 		e.t.Errorf("three concurrent sweepers called until they found nothing deleted %d records, want at least the 2 expired records left", n)
 	}
 
+	// Three more records expire. Sweep with no limit (limit <= 0), alone,
+	// deletes at least one of them, and calling it until it finds nothing
+	// deletes them all: a limit of 0 is not "delete nothing" (LIMIT 0).
+	later := []string{e.key("sweep-later-started-1"), e.key("sweep-later-started-2"), e.key("sweep-later-completed")}
+	e.acquire(later[0], fpA, e.token(), e.short, 0)
+	e.acquire(later[1], fpA, e.token(), e.short, 0)
+	tok = e.token()
+	e.acquire(later[2], fpA, tok, long, long)
+	e.complete(later[2], tok, []byte("old"), e.short)
+	e.passBeyond(e.short)
+	n, err = sw.Sweep(e.ctx, 0)
+	e.noErr(err, "Sweep(0)")
+	if n < 1 {
+		e.t.Errorf("Sweep(0), alone, with 3 expired records nobody holds deleted %d, want at least 1: a limit <= 0 means no limit", n)
+	}
+	total := n
+	for range 100 {
+		n, err := sw.Sweep(e.ctx, -1)
+		e.noErr(err, "Sweep(-1)")
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if total < len(later) {
+		e.t.Errorf("Sweep(0) then Sweep(-1), alone, called until they found nothing, deleted %d records, want at least the %d that expired: a limit <= 0 means no limit", total, len(later))
+	}
+
 	e.inProgress(liveStarted, "claim of a live STARTED record after Sweep")
 	e.replayEquals(liveCompleted, fpA, []byte("keep"), "replay of a live COMPLETED record after Sweep")
 	e.inProgress(renewed, "claim of a record renewed past its first lease plus grace, after Sweep")
@@ -812,8 +781,10 @@ func testWatch(e *env) {
 
 		var changed atomic.Bool
 		woke := make(chan error, 1)
+		calling := make(chan struct{})
 		ctx, cancel := context.WithTimeout(e.ctx, 2*watchTimeout)
 		go func() {
+			close(calling)
 			// A spurious wake-up before the change is allowed: watch again.
 			for spurious := 0; ; spurious++ {
 				err := w.Watch(ctx, k)
@@ -827,7 +798,10 @@ func testWatch(e *env) {
 				}
 			}
 		}()
-		time.Sleep(100 * time.Millisecond) // let Watch subscribe
+		// Let Watch subscribe: the goroutine is about to call it (on a loaded
+		// machine it may start long after the go statement).
+		<-calling
+		time.Sleep(100 * time.Millisecond)
 		changed.Store(true)
 		e.noErr(c.change(k, tok), c.name)
 		select {

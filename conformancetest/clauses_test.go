@@ -1,13 +1,18 @@
 package conformancetest
 
 import (
+	"cmp"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/store/memory"
 )
 
 // clause is one sentence of the store contract in ../store.go and the
@@ -17,11 +22,34 @@ type clause struct {
 	text  string   // the sentence, verbatim but for runs of spaces
 	cases []string // the cases that check it
 	why   string   // for a sentence that states no rule: why no case checks it
+	// states are the states of a record (see recState) the rule is
+	// checked in by answers_in_every_state, for a rule about what a record
+	// answers; TestClauseStates runs that case and checks that it asserts
+	// the rule in each of them, and that every state it asserts a rule in
+	// is recorded here.
+	states []recState
+	// at is what answers_in_every_state reports asserting the rule (see
+	// env.cover); default in.
+	at string
 }
 
+// Sets of states for the clauses.
+var (
+	// every state: every operation answers something in each.
+	everyState = allStates
+	// the states of a record that exists.
+	existing = []recState{stFresh, stRepeated, stLate, stTakenOver, stTakenOverAgain, stCompleted}
+	// the states of a STARTED record whose lease lives.
+	leased = []recState{stFresh, stRepeated, stTakenOver, stTakenOverAgain}
+	// the states of a record that is gone.
+	gone = []recState{stReleased, stExpired}
+)
+
 // clauses maps every sentence of the doc comments of Store, its methods,
-// Sweeper, Watcher, Token, ClaimRequest and ClaimResult (rows of Claim's
-// table count as sentences) to the cases that check it. TestClauses keeps
+// Sweeper, Watcher, Inspector, RecordInfo, Token, ClaimRequest,
+// ClaimResult and Limits (rows of Claim's table count as sentences) to the
+// cases that check it, and, for a rule about what a record answers, to the
+// states of a record it is checked in. TestClauses keeps
 // it complete: a sentence added to store.go fails it until it is mapped
 // here, to a case or, if it states no rule, to a reason.
 var clauses = []clause{
@@ -38,15 +66,17 @@ var clauses = []clause{
 	{in: "Store", text: "Never read, then write.",
 		cases: []string{"one_key_64_goroutines", "many_keys_8_goroutines", "concurrent_takeover", "many_keys_takeover_8_goroutines"}},
 	{in: "Store", text: "2. Every write made under a lease (Renew, Checkpoint, Complete, Release) is conditional on the token, atomically.",
-		cases: []string{"stale_holder_changes_nothing", "release_then_reclaim", "repeated_operations"}},
+		cases:  []string{"stale_holder_changes_nothing", "release_then_reclaim", "repeated_operations", "stale_writes_race_takeovers", "answers_in_every_state"},
+		states: everyState, at: atOthersWrites},
 	{in: "Store", text: "A holder whose lease was taken over gets [ErrLeaseLost] and changes nothing.",
-		cases: []string{"stale_holder_changes_nothing"}},
+		cases:  []string{"stale_holder_changes_nothing", "stale_writes_race_takeovers", "answers_in_every_state"},
+		states: []recState{stTakenOver, stTakenOverAgain, stCompleted, stExpired}, at: atStaleWrites},
 	{in: "Store", text: "3. Lease and retention deadlines are judged by the backend's clock where it has one; a store without one takes an injectable clock.",
-		cases: []string{"in_progress_retry_after", "takeover_after_lease_expiry", "completed_expires_after_retention", "abandoned_started_expires"}},
+		cases: []string{"in_progress_retry_after", "takeover_after_lease_expiry", "completed_expires_after_retention", "abandoned_started_expires", "durations_as_declared"}},
 	{in: "Store", text: "Never compare a deadline with the client's wall clock when the server can decide.",
 		cases: []string{"in_progress_retry_after", "takeover_after_lease_expiry"}}, // under ControlledClock only: see below
 	{in: "Store", text: "4. Every operation is safe to repeat with the same token: a Claim whose reply was lost returns Acquired again for that token; a Complete that already landed succeeds; releasing an absent record succeeds.",
-		cases: []string{"repeated_operations", "release_then_reclaim", "deadline_during_operation"}},
+		cases: []string{"repeated_operations", "release_then_reclaim", "deadline_during_operation", "answers_in_every_state"}},
 	{in: "Store", text: "[Do] relies on this to retry after an ambiguous error without ever running the effect twice.",
 		cases: []string{"deadline_during_operation"}},
 	{in: "Store", text: `5. An error that may have been applied is reported as an error, never as a definite outcome such as "not claimed".`,
@@ -62,9 +92,9 @@ var clauses = []clause{
 	{in: "Store", text: "The Result and Checkpoints of a ClaimResult, the map and every value in it, belong to the caller.",
 		cases: []string{"replay_exact_bytes", "checkpoints_copied"}},
 	{in: "Store", text: "Fences strictly increase for a storage key across takeovers and across deletion and re-creation of its record, so a fence seen by an old holder is always smaller than any fence handed out after it.",
-		cases: []string{"takeover_after_lease_expiry", "release_then_reclaim", "completed_expires_after_retention", "abandoned_started_expires", "expired_is_absent"}},
+		cases: []string{"takeover_after_lease_expiry", "release_then_reclaim", "completed_expires_after_retention", "abandoned_started_expires", "expired_is_absent", "answers_in_every_state"}},
 	{in: "Store", text: "The end of a lease does not take the record from its holder; only a takeover or the record's expiry does.",
-		cases: []string{"late_holder_keeps_record", "expired_is_absent"}},
+		cases: []string{"late_holder_keeps_record", "expired_is_absent", "answers_in_every_state"}},
 	{in: "Store", text: "Until then the holder's Claim is a repeat (same fence), and its Renew, Checkpoint, Complete and Release succeed, as they would before the lease ended.",
 		cases: []string{"late_holder_keeps_record"}},
 	{in: "Store", text: "Native errors (a driver's, a network's) are wrapped with %w so callers can reach them with errors.As.",
@@ -77,51 +107,58 @@ var clauses = []clause{
 	{in: "Store.Claim", text: "record fingerprint lease outcome",
 		why: "the table's header"},
 	{in: "Store.Claim", text: "none/expired - - OutcomeAcquired: new record, new fence",
-		cases: []string{"fresh_claim", "expired_is_absent", "completed_expires_after_retention", "abandoned_started_expires"}},
+		cases:  []string{"fresh_claim", "expired_is_absent", "completed_expires_after_retention", "abandoned_started_expires", "answers_in_every_state"},
+		states: []recState{stFresh, stReleased, stExpired}, at: atClaimAbsent},
 	{in: "Store.Claim", text: "any different - OutcomeMismatch",
-		cases: []string{"mismatch"}},
+		cases: []string{"mismatch", "answers_in_every_state"}, states: existing, at: atClaimMis},
 	{in: "Store.Claim", text: "COMPLETED same - OutcomeReplay with the stored result",
-		cases: []string{"replay_exact_bytes"}},
+		cases: []string{"replay_exact_bytes", "answers_in_every_state"}, states: []recState{stCompleted}, at: atClaimReplay},
 	{in: "Store.Claim", text: "STARTED same live OutcomeInProgress with the time left",
-		cases: []string{"in_progress_retry_after"}},
+		cases: []string{"in_progress_retry_after", "answers_in_every_state"}, states: leased, at: atClaimBusy},
 	{in: "Store.Claim", text: "STARTED same expired OutcomeAcquired by takeover: token r.Token, a greater fence, Attempt+1, the checkpoints handed over",
-		cases: []string{"takeover_after_lease_expiry", "stale_holder_changes_nothing", "concurrent_takeover"}},
+		cases:  []string{"takeover_after_lease_expiry", "stale_holder_changes_nothing", "concurrent_takeover", "stale_writes_race_takeovers", "answers_in_every_state"},
+		states: []recState{stTakenOver, stTakenOverAgain}, at: atClaimTake}, // the states the takeovers lead to
 	{in: "Store.Claim", text: "A STARTED record already held under r.Token (a repeated Claim whose reply was lost) returns OutcomeAcquired with the same fence, attempt and checkpoints, whether or not its lease has ended.",
-		cases: []string{"repeated_operations", "late_holder_keeps_record"}},
+		cases:  []string{"repeated_operations", "late_holder_keeps_record", "answers_in_every_state"},
+		states: []recState{stRepeated, stLate, stTakenOver}, at: atClaimRepeat},
 	{in: "Store.Claim", text: "A Claim under the token of an expired record finds no record and acquires afresh.",
 		cases: []string{"expired_is_absent"}},
 	{in: "Store.Claim", text: "An acquired record's lease ends r.Lease after the store's now; the record itself is kept for r.Grace past the end of its lease (so that a takeover finds its checkpoints) and then expires.",
-		cases: []string{"in_progress_retry_after", "takeover_after_lease_expiry", "abandoned_started_expires"}},
+		cases: []string{"in_progress_retry_after", "takeover_after_lease_expiry", "abandoned_started_expires", "durations_as_declared"}},
 	{in: "Store.Claim", text: "A repeated Claim sets both anew, as a takeover does: r.Lease from now, then r.Grace, whatever the earlier Claim asked for.",
-		cases: []string{"repeated_operations", "repeated_claim_sets_grace"}},
+		cases: []string{"repeated_operations", "repeated_claim_sets_grace", "answers_in_every_state"}},
 
 	{in: "Store.Renew", text: "Renew sets the lease of the STARTED record held under token to end lease after the store's now, sooner or later than before, and its retention to lease plus the grace of the Claim that last acquired it.",
-		cases: []string{"renew_extends", "renew_keeps_grace"}},
+		cases: []string{"renew_extends", "renew_keeps_grace", "durations_as_declared"}},
 	{in: "Store.Renew", text: "It returns ErrLeaseLost when the record is absent, expired, COMPLETED, or held under another token.",
-		cases: []string{"stale_holder_changes_nothing", "expired_is_absent", "abandoned_started_expires", "repeated_operations"}},
+		cases:  []string{"stale_holder_changes_nothing", "expired_is_absent", "abandoned_started_expires", "repeated_operations", "stale_writes_race_takeovers", "answers_in_every_state"},
+		states: everyState},
 	{in: "Store.Renew", text: "A lease that ended but was not taken over is renewed like a live one.",
 		cases: []string{"late_holder_keeps_record"}},
 
 	{in: "Store.Checkpoint", text: "Checkpoint stores value under name in the STARTED record held under token, replacing any earlier value of that name and keeping the other names.",
 		cases: []string{"checkpoint_replaces", "takeover_after_lease_expiry"}},
 	{in: "Store.Checkpoint", text: "It returns ErrLeaseLost as Renew does, and ErrTooLarge when the store cannot keep the value.",
-		cases: []string{"stale_holder_changes_nothing", "expired_is_absent", "repeated_operations", "too_large"}},
+		cases:  []string{"stale_holder_changes_nothing", "expired_is_absent", "repeated_operations", "too_large", "stale_writes_race_takeovers", "answers_in_every_state"},
+		states: everyState},
 	{in: "Store.Checkpoint", text: "It does not change the lease.",
 		cases: []string{"checkpoint_replaces"}},
 
 	{in: "Store.Complete", text: "Complete moves the STARTED record held under token to COMPLETED with result, drops its checkpoints (no later Claim returns them, not even after the record expires), and keeps it for retention from the store's now.",
 		cases: []string{"replay_exact_bytes", "complete_drops_checkpoints", "completed_expires_after_retention"}},
 	{in: "Store.Complete", text: "Completing again a record already COMPLETED under the same token succeeds and changes nothing, neither the result nor the retention.",
-		cases: []string{"repeated_operations", "completed_expires_after_retention"}},
+		cases:  []string{"repeated_operations", "completed_expires_after_retention", "answers_in_every_state"},
+		states: []recState{stCompleted}},
 	{in: "Store.Complete", text: "It returns ErrLeaseLost when the record is absent, expired or held under another token, and ErrTooLarge, having written nothing, when result is larger than the store can keep.",
-		cases: []string{"stale_holder_changes_nothing", "expired_is_absent", "too_large"}},
+		cases:  []string{"stale_holder_changes_nothing", "expired_is_absent", "too_large", "stale_writes_race_takeovers", "answers_in_every_state"},
+		states: everyState},
 
 	{in: "Store.Release", text: "Release deletes the STARTED record held under token, so that the next Claim acquires it afresh (with a greater fence).",
 		cases: []string{"release_then_reclaim"}},
 	{in: "Store.Release", text: "Releasing an absent or expired record succeeds, whoever held it and in whatever state.",
-		cases: []string{"repeated_operations", "release_then_reclaim", "expired_is_absent"}},
+		cases: []string{"repeated_operations", "release_then_reclaim", "expired_is_absent", "answers_in_every_state"}, states: gone},
 	{in: "Store.Release", text: "It returns ErrLeaseLost when the record is held under another token or is COMPLETED.",
-		cases: []string{"release_then_reclaim", "repeated_operations"}},
+		cases: []string{"release_then_reclaim", "repeated_operations", "stale_writes_race_takeovers", "answers_in_every_state"}, states: existing},
 
 	{in: "Sweeper", text: "Sweeper is the part of a store whose expired records are not removed by the backend itself (or not promptly); see [Capabilities].",
 		cases: []string{"sweep_removes_only_expired"}},
@@ -150,9 +187,9 @@ var clauses = []clause{
 	{in: "Inspector", text: "It reads and deletes; it never claims, so it cannot make two holders.",
 		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}}, // records stay held by their holders
 	{in: "Inspector.Inspect", text: "Inspect returns the record under key, with its result and its checkpoints.",
-		cases: []string{"inspect_describes"}},
+		cases: []string{"inspect_describes", "answers_in_every_state"}},
 	{in: "Inspector.Inspect", text: "It returns [ErrNotFound] when the record is absent or expired.",
-		cases: []string{"inspect_describes", "purge_deletes"}},
+		cases: []string{"inspect_describes", "purge_deletes", "answers_in_every_state"}, states: gone},
 	{in: "Inspector.Purge", text: "Purge deletes the record under key, whatever its state.",
 		cases: []string{"purge_deletes"}},
 	{in: "Inspector.Purge", text: "The next Claim acquires the key afresh, with a greater fence, and a holder of the purged record gets ErrLeaseLost from its next Renew, Checkpoint, Complete or Release.",
@@ -168,25 +205,25 @@ var clauses = []clause{
 	{in: "RecordInfo", text: "RecordInfo describes a record, for [Inspector].",
 		why: "definition"},
 	{in: "RecordInfo.Key", text: "Key is the storage key.",
-		cases: []string{"inspect_describes"}},
+		cases: []string{"inspect_describes", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.State", text: "State is StateStarted or StateCompleted.",
-		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.Fingerprint", text: "Fingerprint is the fingerprint of the request that created the record.",
-		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.Fence", text: "Fence and Attempt are those of the record's last acquisition.",
-		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.LeaseLeft", text: "LeaseLeft is, for a STARTED record, the time left on its holder's lease by the store's clock; zero once the lease has ended.",
-		cases: []string{"inspect_describes", "stuck_lists_ended_leases"}},
+		cases: []string{"inspect_describes", "stuck_lists_ended_leases", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.ExpiresIn", text: "ExpiresIn is the time left before the record expires, by the store's clock.",
-		cases: []string{"inspect_describes"}},
+		cases: []string{"inspect_describes", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.Result", text: "Result is the stored result of a COMPLETED record.",
-		cases: []string{"inspect_describes"}},
+		cases: []string{"inspect_describes", "answers_in_every_state"}, states: existing},
 	{in: "RecordInfo.ResultSize", text: "ResultSize is the length of the stored result.",
-		why: "filled by the Runner; root package tests check it"},
+		cases: []string{"answers_in_every_state"}, states: existing}, // or zero: see the next sentence
 	{in: "RecordInfo.ResultSize", text: "Stores may leave it zero; [Runner.Inspect] sets it, and leaves Result out unless asked.",
 		why: "a permission for stores, and the Runner's duty, which root package tests check"},
 	{in: "RecordInfo.Checkpoints", text: "Checkpoints are the recovery points of a STARTED record.",
-		cases: []string{"inspect_describes"}},
+		cases: []string{"inspect_describes", "answers_in_every_state"}, states: existing},
 
 	{in: "Token", text: "Token identifies one holder's lease on a record.",
 		why: "definition"},
@@ -215,23 +252,24 @@ var clauses = []clause{
 	{in: "ClaimResult", text: "ClaimResult is the output of [Store.Claim].",
 		why: "definition"},
 	{in: "ClaimResult.Outcome", text: "Outcome is what the store decided.",
-		cases: []string{"fresh_claim", "mismatch", "in_progress_retry_after", "replay_exact_bytes"}},
+		cases: []string{"fresh_claim", "mismatch", "in_progress_retry_after", "replay_exact_bytes", "answers_in_every_state"}, states: everyState},
 	{in: "ClaimResult.Fence", text: "Fence is the record's fence: for OutcomeAcquired the new holder's fence, for the other outcomes the current one, when known.",
-		cases: []string{"in_progress_retry_after", "replay_exact_bytes", "repeated_operations"}},
+		cases: []string{"in_progress_retry_after", "replay_exact_bytes", "repeated_operations", "answers_in_every_state"}, states: everyState},
 	{in: "ClaimResult.Attempt", text: "Attempt counts the acquisitions of this record: 1 for a fresh claim, one more for every takeover.",
-		cases: []string{"fresh_claim", "takeover_after_lease_expiry"}},
+		cases: []string{"fresh_claim", "takeover_after_lease_expiry", "answers_in_every_state"}, states: everyState}, // for other outcomes than Acquired, the record's or 0 (unknown), as for Fence
 	{in: "ClaimResult.RetryAfter", text: "RetryAfter is, for OutcomeInProgress, the time left on the current holder's lease as judged by the store.",
-		cases: []string{"in_progress_retry_after", "renew_extends"}},
+		cases: []string{"in_progress_retry_after", "renew_extends", "durations_as_declared", "answers_in_every_state"}, states: leased}, // it means nothing for other outcomes, which the suite does not check
 	{in: "ClaimResult.Result", text: "Result is the stored result, for OutcomeReplay.",
-		cases: []string{"replay_exact_bytes", "mismatch"}},
+		cases: []string{"replay_exact_bytes", "mismatch", "answers_in_every_state"}, states: everyState},
 	{in: "ClaimResult.ExpiresIn", text: "ExpiresIn is, for OutcomeReplay, the time left before the record expires, by the store's clock, when the store knows it without another round trip; zero when it does not say.",
 		cases: []string{"completed_expires_after_retention"}},
 	{in: "ClaimResult.ExpiresIn", text: "It is optional: [Do] then neither caches the replay ([WithReplayCache]) nor tells when the record expires (Result.ExpiresAt).",
 		why: "what Do does with it, not a rule of the store"},
 	{in: "ClaimResult.Checkpoints", text: "Checkpoints are the recovery points of the record, for OutcomeAcquired by takeover or by a repeated claim.",
-		cases: []string{"takeover_after_lease_expiry", "repeated_operations"}},
+		cases:  []string{"takeover_after_lease_expiry", "repeated_operations", "answers_in_every_state"},
+		states: []recState{stRepeated, stLate, stTakenOver, stTakenOverAgain}},
 	{in: "ClaimResult.Checkpoints", text: "Empty otherwise.",
-		cases: []string{"fresh_claim", "in_progress_retry_after", "complete_drops_checkpoints"}},
+		cases: []string{"fresh_claim", "in_progress_retry_after", "complete_drops_checkpoints", "answers_in_every_state"}, states: everyState},
 	{in: "Batcher", text: "Batcher is the part of a store that claims, and then finishes, many independent records in one round trip each, for [DoBatch].",
 		cases: []string{"batch_claims_as_claims", "batch_finish_per_item"}},
 	{in: "Batcher", text: "Each item obeys the rules of [Store] as its own call would: ClaimBatch decides each claim as Claim does, and FinishBatch completes or releases each record as Complete or Release does, conditional on the item's token.",
@@ -254,6 +292,29 @@ var clauses = []clause{
 		why: "definition"},
 	{in: "Finish.Release", text: "Release makes the item a Release; otherwise it is a Complete with Result and Retention.",
 		cases: []string{"batch_finish_per_item", "batch_repeat_same_tokens"}},
+
+	{in: "Limits", text: "Limits describes what a store can honour.",
+		why: "definition"},
+	{in: "Limits", text: "The zero value means no limits.",
+		cases: []string{"durations_as_declared", "replay_exact_bytes"}},
+	{in: "Limits.MinLease", text: "MinLease is the shortest lease the store keeps faithfully.",
+		cases: []string{"durations_as_declared", "many_keys_takeover_8_goroutines", "stale_writes_race_takeovers"}}, // the last two wait for leases of it
+	{in: "Limits.MinLease", text: "[New] refuses a shorter [WithLease], even with [WithUnsafeShortDurations].",
+		why: "the runner's duty, which root package tests check"},
+	{in: "Limits.Resolution", text: "Resolution is the granularity of the store's leases and deadlines: a store whose lease TTLs are whole seconds (etcd) declares a second, and may end a lease up to that much later than asked.",
+		cases: []string{"durations_as_declared"}},
+	{in: "Limits.Resolution", text: "Zero means a millisecond or finer.",
+		cases: []string{"durations_as_declared", "in_progress_retry_after"}},
+	{in: "Limits.MaxBatch", text: "MaxBatch is the most items the store's Batcher takes in one call (a statement's parameter limit, a transaction's operation limit); [DoBatch] splits larger batches.",
+		cases: []string{"batch_racing_single_claims"}}, // the suite splits its 64-item batches as DoBatch does
+	{in: "Limits.MaxBatch", text: "Zero means no limit.",
+		cases: []string{"batch_racing_single_claims"}},
+	{in: "Limits.MaxValueSize", text: "MaxValueSize is the largest result the store keeps; Complete refuses a larger one with [ErrTooLarge].",
+		cases: []string{"too_large", "replay_exact_bytes"}},
+	{in: "Limits.MaxValueSize", text: "Zero means at least 1 MiB.",
+		cases: []string{"replay_exact_bytes"}},
+	{in: "Limits.MaxValueSize", text: "[Do] records the marker of [ErrResultNotStored] at once for a larger result, without sending it first.",
+		why: "the runner's duty, which root package tests check"},
 }
 
 // contractDocs returns the doc comments the clauses cover, keyed like
@@ -264,7 +325,7 @@ func contractDocs(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatalf("reading the contract: %v", err)
 	}
-	covered := []string{"Store", "Sweeper", "Watcher", "Inspector", "RecordInfo", "Token", "ClaimRequest", "ClaimResult", "Batcher", "Finish"}
+	covered := []string{"Store", "Sweeper", "Watcher", "Inspector", "RecordInfo", "Token", "ClaimRequest", "ClaimResult", "Batcher", "Finish", "Limits"}
 	docs := map[string]string{}
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
@@ -339,6 +400,64 @@ func TestClauses(t *testing.T) {
 	for _, tc := range cases {
 		if !checked[tc.name] {
 			t.Errorf("case %s checks no clause of the contract", tc.name)
+		}
+	}
+}
+
+// TestClauseStates runs answers_in_every_state on the memory store and
+// checks the states the clauses record against what the case asserts: a
+// clause's rule must be asserted in every state it lists, and every state
+// the case asserts a rule in must be listed by a clause of that rule.
+func TestClauseStates(t *testing.T) {
+	var mu sync.Mutex
+	asserted := map[string]map[recState]bool{}
+	e := newEnv(t, func(t *testing.T, clock *Clock) idempotency.Store {
+		s, err := memory.New(&memory.Options{Now: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, Capabilities{ControlledClock: true})
+	e.cover = func(at string, st recState) {
+		mu.Lock()
+		defer mu.Unlock()
+		if asserted[at] == nil {
+			asserted[at] = map[recState]bool{}
+		}
+		asserted[at][st] = true
+	}
+	testEveryState(e)
+	if t.Failed() {
+		t.Fatal("answers_in_every_state failed on the memory store")
+	}
+
+	recorded := map[string]map[recState]bool{}
+	for _, c := range clauses {
+		if len(c.states) == 0 {
+			continue
+		}
+		at := cmp.Or(c.at, c.in)
+		if !slices.Contains(c.cases, "answers_in_every_state") {
+			t.Errorf("clause %q lists states, but not answers_in_every_state, the case that checks them, among its cases", c.text)
+		}
+		if recorded[at] == nil {
+			recorded[at] = map[recState]bool{}
+		}
+		for _, st := range c.states {
+			switch {
+			case !slices.Contains(allStates, st):
+				t.Errorf("clause %q lists the state %q, which is not a recState", c.text, st)
+			case !asserted[at][st]:
+				t.Errorf("clause %q (%s) says it is checked with the record %s, but answers_in_every_state asserted no %s then", c.text, c.in, st, at)
+			}
+			recorded[at][st] = true
+		}
+	}
+	for _, at := range slices.Sorted(maps.Keys(asserted)) {
+		for _, st := range allStates {
+			if asserted[at][st] && !recorded[at][st] {
+				t.Errorf("answers_in_every_state asserts %s with the record %s, but no clause of that rule records the state", at, st)
+			}
 		}
 	}
 }

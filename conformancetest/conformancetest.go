@@ -18,23 +18,43 @@
 // from the store's [idempotency.Limits] Resolution, running those cases at
 // the same time.
 //
-// Real-time cases measure time in units of LeaseResolution, at least
-// 200ms; the longest takes about six units (1.2s for a millisecond store,
-// 6s for a one-second one), and they run at the same time. Cases that start
-// thousands of concurrent claims run alone first, so that they do not eat
-// into the timing margins of the others; one of them waits once for the
-// shortest lease the store honours to end.
+// Real-time cases measure time in units of the store's Resolution, at
+// least 200ms; the longest takes about six units (1.2s for a millisecond
+// store, 6s for a one-second one), and they run at the same time. A case
+// that checks a deadline counts it from the call that set it, so a slow
+// call does not move the check. On the controlled clock, no duration the
+// suite uses is a whole number of seconds (the unit is 1.337s) and the
+// clock starts 417ms past a whole second, so a store that rounds leases,
+// grace, retention or deadlines to seconds without declaring that
+// Resolution fails; durations_as_declared checks the declared Resolution
+// and MinLease against what the store does.
+//
+// Cases that start thousands of concurrent calls run alone first, so that
+// they do not eat into the timing margins of the others; two of them wait
+// once (a batch) for the shortest lease the store keeps (its MinLease) to
+// end. Those cases repeat up to 32 rounds of bursts: every round on the
+// controlled clock (a store in the process, where a race's window is
+// narrowest), and in real time until half a second has passed after the
+// first four. A call in a burst that fails with an error that decides
+// nothing (a server that timed it out or shed load) is repeated under the
+// same token, as Do does (idempotency.Retryable), at most 32 at a time,
+// for up to two minutes; the burst judges the answer it finally gets, and
+// logs how many calls it repeated.
 //
 // The cases are kept in one table, each with a one-line statement of the
 // rule it checks, which a failing case prints. Every sentence of the
 // contract in the idempotency package's store.go is mapped to the cases
 // that check it by a table in this package's tests, which fail when a
-// sentence has no case. Every case builds its keys under a random prefix,
-// so stores that share one database (one server for the whole test binary)
-// need no cleaning between cases. Two cases assume a little of the
-// backend: the Sweep case expects the expired records it made to be deleted
-// by Sweep, not by the backend's own TTL in the same instant, and the Watch
-// case gives Watch 100ms to subscribe before it changes the record.
+// sentence has no case; for a rule about what a record answers, the table
+// also records the states of a record it is checked in (fresh, repeated,
+// late, taken over, taken over again, completed, released, expired), which
+// the tests check against what answers_in_every_state asserts. Every case
+// builds its keys under a random prefix, so stores that share one database
+// (one server for the whole test binary) need no cleaning between cases.
+// Two cases assume a little of the backend: the Sweep case expects the
+// expired records it made to be deleted by Sweep, not by the backend's own
+// TTL in the same instant, and the Watch case gives Watch 100ms to
+// subscribe, once its goroutine runs, before it changes the record.
 //
 // Some of the contract cannot be seen through the Store interface: whether
 // deadlines are judged by a server's clock rather than the client's, and
@@ -92,12 +112,19 @@ type features struct {
 	// resolution is the store's lease resolution; zero means a
 	// millisecond.
 	resolution time.Duration
+	// minLease is the shortest lease the store keeps faithfully; zero
+	// means any.
+	minLease time.Duration
+	// maxBatch is the most items the store's Batcher takes in one call;
+	// zero means no limit.
+	maxBatch int
 }
 
 func featuresOf(s idempotency.Store, caps Capabilities) features {
 	c := idempotency.CapabilitiesOf(s)
 	f := features{watcher: c.Watcher, inspector: c.Inspector, sweeper: c.Sweeper, batcher: c.Batcher,
-		maxValue: c.Limits.MaxValueSize, resolution: c.Limits.Resolution}
+		maxValue: c.Limits.MaxValueSize, resolution: c.Limits.Resolution, minLease: c.Limits.MinLease,
+		maxBatch: c.Limits.MaxBatch}
 	for _, part := range caps.Skip {
 		switch part {
 		case "watcher":
@@ -156,6 +183,8 @@ var cases = []testCase{
 		rule: "one atomic operation decides a claim: 1,000 keys with 8 concurrent claims each give exactly one Acquired per key"},
 	{name: "many_keys_takeover_8_goroutines", run: testManyKeysTakeover,
 		rule: "one atomic operation decides a takeover: up to 16 rounds of 64 expired leases, 8 concurrent claims each, take each over once"},
+	{name: "stale_writes_race_takeovers", run: testStaleWritesRace,
+		rule: "a stale holder's Renew, Checkpoint, Complete or Release racing takeovers of its ended lease, on 64 keys at once for up to 32 rounds, either fails with ErrLeaseLost and changes nothing, or lands first and the claims see it"},
 	{name: "concurrent_takeover", together: true, run: testConcurrentTakeover,
 		rule: "a takeover is atomic too: 32 concurrent claims of an expired lease give exactly one takeover"},
 	{name: "takeover_after_lease_expiry", together: true, run: testTakeover,
@@ -185,7 +214,11 @@ var cases = []testCase{
 	{name: "expired_is_absent", together: true, run: testExpiredIsAbsent,
 		rule: "an expired record is absent for every operation: writes get ErrLeaseLost, Release succeeds, any claim acquires afresh"},
 	{name: "sweep_removes_only_expired", together: true, run: testSweep, needs: needsSweeper,
-		rule: "Sweep deletes expired records, at most its limit and at least one a call, also concurrently, and never a live one"},
+		rule: "Sweep deletes expired records, at most its limit and at least one a call, also concurrently, with no limit (limit <= 0) alone too, and never a live one"},
+	{name: "durations_as_declared", together: true, run: testDurationsAsDeclared,
+		rule: "leases, renewed leases, the declared MinLease, grace and retention that are no whole seconds, from a start that is none, last no less than asked and no more than the declared Resolution longer"},
+	{name: "answers_in_every_state", together: true, run: testEveryState,
+		rule: "in every state a record reaches (fresh, repeated, late, taken over twice, completed, released, expired) every field of a claim's answer and of Inspect is as the contract says, and every write by a token that does not hold the record is refused and changes nothing"},
 	{name: "odd_keys", together: true, run: testOddKeys,
 		rule: "keys are opaque: unicode, braces, slashes, colons, spaces, case, 1024 bytes and mutual prefixes are all distinct keys"},
 	{name: "scope_isolation", together: true, run: testScopeIsolation,
@@ -349,6 +382,7 @@ func rerunIfDisturbed(t *testing.T, c testCase, e *env) bool {
 // recorder for a real-time first attempt.
 type reporter interface {
 	Helper()
+	Logf(format string, args ...any)
 	Errorf(format string, args ...any)
 	Fatalf(format string, args ...any)
 	Failed() bool
@@ -362,6 +396,10 @@ type recorder struct {
 }
 
 func (r *recorder) Helper() {}
+
+// Logf drops what a first attempt logs: it is reported only if the
+// attempt fails, and then its failures say more.
+func (r *recorder) Logf(string, ...any) {}
 
 func (r *recorder) Errorf(format string, args ...any) {
 	r.mu.Lock()
@@ -392,19 +430,42 @@ type env struct {
 	clock  *Clock
 	prefix string
 	// unit is the time unit of leases and waits: a whole number of the
-	// store's resolution, long enough for real-time stores.
+	// store's resolution, long enough for real-time stores, and on the
+	// controlled clock no whole number of seconds (see controlledUnit).
 	unit time.Duration
 	// tol is the rounding a store may apply to a duration it reports.
 	tol time.Duration
 	// slack is added to a wait meant to pass a deadline.
 	slack time.Duration
+	// short is the shortest lease the store keeps faithfully: its
+	// declared MinLease, at least its resolution.
+	short time.Duration
 	// waited is the sum of the case's waits (pass) in real time, in ns.
 	waited atomic.Int64
+	// repeating holds a turn for each call repeated after a transient
+	// error (see persist).
+	repeating chan struct{}
+	// cover, when set (by this package's tests), is told each field or
+	// operation a case asserted and the state of the record it asserted
+	// it in; see recState.
+	cover func(at string, st recState)
 }
+
+// On the controlled clock, the suite's durations and start times are no
+// whole numbers of seconds, so that a store that rounds durations or
+// deadlines to seconds without declaring that Resolution shows it:
+// controlledUnit is 1.337s (every multiple up to 6 leaves at least 11ms
+// over a whole second) and the clock starts controlledOffset past a whole
+// second. Both are whole milliseconds: a store whose Resolution is zero may
+// keep milliseconds.
+const (
+	controlledUnit   = 1337 * time.Millisecond
+	controlledOffset = 417 * time.Millisecond
+)
 
 func newEnv(t *testing.T, newStore func(*testing.T, *Clock) idempotency.Store, caps Capabilities) *env {
 	t.Helper()
-	clock := NewClock(time.Now().UTC().Truncate(time.Second))
+	clock := NewClock(time.Now().UTC().Truncate(time.Second).Add(controlledOffset))
 	s := newStore(t, clock)
 	if s == nil {
 		t.Fatal("conformancetest: newStore returned nil")
@@ -412,23 +473,37 @@ func newEnv(t *testing.T, newStore func(*testing.T, *Clock) idempotency.Store, c
 	feat := featuresOf(s, caps)
 	res := max(feat.resolution, time.Millisecond)
 	e := &env{
-		t:      t,
-		ctx:    t.Context(),
-		s:      s,
-		caps:   caps,
-		feat:   feat,
-		clock:  clock,
-		prefix: "ct-" + randomHex(8) + "/",
-		tol:    res,
+		t:         t,
+		ctx:       t.Context(),
+		s:         s,
+		caps:      caps,
+		feat:      feat,
+		clock:     clock,
+		prefix:    "ct-" + randomHex(8) + "/",
+		tol:       res,
+		repeating: make(chan struct{}, maxRepeating),
 	}
 	if caps.ControlledClock {
-		e.unit = max(feat.resolution, time.Second)
+		switch {
+		case feat.resolution >= time.Second:
+			e.unit = feat.resolution
+		case feat.resolution > 0:
+			e.unit = roundUp(controlledUnit, feat.resolution)
+		default:
+			e.unit = controlledUnit
+		}
 		e.slack = res
 	} else {
 		e.unit = max(feat.resolution, minRealUnit)
 		e.slack = e.unit
 	}
+	e.short = max(feat.minLease, e.tol)
 	return e
+}
+
+// roundUp rounds d up to a whole number of r.
+func roundUp(d, r time.Duration) time.Duration {
+	return (d + r - 1) / r * r
 }
 
 func randomHex(n int) string {
@@ -461,6 +536,48 @@ func (e *env) pass(d time.Duration) {
 // passBeyond lets d and a margin go by, so that a deadline d from an
 // earlier call has surely passed as the store judges it.
 func (e *env) passBeyond(d time.Duration) { e.pass(d + e.slack) }
+
+// now is the time the case plans by: the controlled clock's, or the real
+// one.
+func (e *env) now() time.Time {
+	if e.caps.ControlledClock {
+		return e.clock.Now()
+	}
+	return time.Now()
+}
+
+// passUntil lets time go by until t (by e.now).
+func (e *env) passUntil(t time.Time) {
+	if d := t.Sub(e.now()); d > 0 {
+		e.pass(d)
+	}
+}
+
+// span is when a call ran, by e.now: the store's now for the call was
+// within it.
+type span struct{ from, to time.Time }
+
+// timed runs f and returns when it ran.
+func (e *env) timed(f func()) span {
+	from := e.now()
+	f()
+	return span{from, e.now()}
+}
+
+// due is a deadline a call set: d after the store's now during set.
+type due struct {
+	set span
+	d   time.Duration
+}
+
+// leftWithin returns the range of the time left before dl that a call
+// made during p may be told: the store's now for either call was within
+// its span; the store may round what it reports by tol, and slack is the
+// suite's margin. On the controlled clock no time passes during a call,
+// and the range is that of the time planned.
+func (e *env) leftWithin(dl due, p span) (lo, hi time.Duration) {
+	return dl.d - p.to.Sub(dl.set.from) - e.slack, dl.d - p.from.Sub(dl.set.to) + e.tol
+}
 
 func (e *env) claim(key string, fp idempotency.Fingerprint, tok idempotency.Token, lease, grace time.Duration) idempotency.ClaimResult {
 	e.t.Helper()
@@ -549,14 +666,7 @@ func (e *env) checkpoint(key string, tok idempotency.Token, name string, value [
 // bytes (nil and empty values are equal).
 func (e *env) checkpointsEqual(got, want map[string][]byte, what string) {
 	e.t.Helper()
-	ok := len(got) == len(want)
-	for name, w := range want {
-		g, found := got[name]
-		if !found || !bytes.Equal(g, w) {
-			ok = false
-		}
-	}
-	if !ok {
+	if !equalMaps(got, want) {
 		e.t.Errorf("%s: checkpoints %s, want %s", what, describeMap(got), describeMap(want))
 	}
 }

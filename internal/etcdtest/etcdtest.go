@@ -1,6 +1,8 @@
 // Package etcdtest runs etcd 3.6 servers in the test process, through
 // go.etcd.io/etcd/server/v3/embed, for the store/etcd tests that need a
-// 3.6 server or a cluster whose members they stop and start.
+// 3.6 server or a cluster whose members they stop and start; and, with
+// [StartProcess], one member in a process of its own, for tests that load
+// the server with thousands of requests at once.
 //
 // It is a module of its own, never published: the server's dependency
 // tree (bbolt, raft, grpc-gateway, OpenTelemetry...) stays out of
@@ -111,19 +113,32 @@ func freeURL(tb testing.TB) url.URL {
 	return url.URL{Scheme: "http", Host: l.Addr().String()}
 }
 
-func (c *Cluster) start(m *Member, state string) error {
+// Config is the configuration of a member named name with its data in
+// dir, serving clients at clientURL and peers at peerURL, with timing t,
+// logging nothing. It is the first member of a new cluster of its own;
+// Cluster sets the cluster's members, state and token on top.
+func Config(name, dir string, clientURL, peerURL url.URL, t Timing) *embed.Config {
+	if t.TickMs == 0 {
+		t = Fast
+	}
 	cfg := embed.NewConfig()
-	cfg.Name = m.Name
-	cfg.Dir = m.dir
-	cfg.TickMs, cfg.ElectionMs = c.timing.TickMs, c.timing.ElectionMs
-	cfg.ListenClientUrls = []url.URL{m.ClientURL}
-	cfg.AdvertiseClientUrls = []url.URL{m.ClientURL}
-	cfg.ListenPeerUrls = []url.URL{m.PeerURL}
-	cfg.AdvertisePeerUrls = []url.URL{m.PeerURL}
+	cfg.Name = name
+	cfg.Dir = dir
+	cfg.TickMs, cfg.ElectionMs = t.TickMs, t.ElectionMs
+	cfg.ListenClientUrls = []url.URL{clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{clientURL}
+	cfg.ListenPeerUrls = []url.URL{peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{peerURL}
+	cfg.InitialCluster = name + "=" + peerURL.String()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	return cfg
+}
+
+func (c *Cluster) start(m *Member, state string) error {
+	cfg := Config(m.Name, m.dir, m.ClientURL, m.PeerURL, c.timing)
 	cfg.InitialCluster = c.initial
 	cfg.ClusterState = state
 	cfg.InitialClusterToken = c.token
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return fmt.Errorf("starting embedded etcd %s: %w", m.Name, err)
@@ -157,7 +172,13 @@ func (c *Cluster) Members() []*Member { return c.members }
 // Client returns a client of every member, closed at the end of the test.
 func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return client(tb, c.Endpoints())
+}
+
+// client returns a client of endpoints, closed at the end of the test.
+func client(tb testing.TB, endpoints []string) *clientv3.Client {
+	tb.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		tb.Fatal(err)
 	}
