@@ -154,6 +154,7 @@ func TestTransactionalCallIsADoCall(t *testing.T) {
 		if !slices.Equal(kids, want) {
 			t.Errorf("a %s call's children: %v, want %v", outcome, kids, want)
 		}
+		t.Logf("idempotency.do (%s=%s) > %v", otelidem.AttrOutcome, outcome, kids)
 	}
 	slices.Sort(outcomes)
 	if want := []string{"completed", "completed", "replayed", "replayed"}; !slices.Equal(outcomes, want) {
