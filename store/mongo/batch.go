@@ -299,8 +299,7 @@ func (s *Store) finishChunk(ctx context.Context, items []idempotency.Finish, err
 		}
 		var unheld []int
 		for k, i := range todo {
-			var se mongo.ServerError
-			switch notHeld := errors.As(werrs[k], &se) && se.HasErrorCode(codeNotHeld); {
+			switch notHeld := isNotHeld(werrs[k]); {
 			case werrs[k] == nil:
 			case notHeld && !items[i].Release:
 				errs[i] = idempotency.ErrLeaseLost
@@ -340,6 +339,15 @@ func (s *Store) finishChunk(ctx context.Context, items []idempotency.Finish, err
 	for _, i := range todo {
 		errs[i] = fmt.Errorf("mongo: release: the record of key %q changed between the update and the read %d times; try again", items[i].Key, claimAttempts)
 	}
+}
+
+// isNotHeld reports whether a finishing statement's write error says its
+// filter matched nothing: the guard's refusal (codeNotHeld) or, should a
+// server try the insert before the pipeline, the unique index's (E11000).
+// Either way nothing was written.
+func isNotHeld(err error) bool {
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCode(codeNotHeld) || mongo.IsDuplicateKeyError(err)
 }
 
 // finishStatement is the statement of a Finish: Complete's update or

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -660,5 +662,104 @@ func TestBatchSplit(t *testing.T) {
 	}
 	if st := lookup(m.doc(fmt.Sprint("k", n-1)), fieldState); st != stateCompleted {
 		t.Errorf("the last item: state %v, want completed", st)
+	}
+}
+
+// TestBatchNotHeldErrors checks that a finishing statement refused by the
+// guard or by the unique index is "not held", and any other write error
+// is the item's error.
+func TestBatchNotHeldErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{mongo.WriteError{Code: codeNotHeld, Message: "'replacement document' must evaluate to an object"}, true},
+		{mongo.WriteError{Code: 11000, Message: "E11000 duplicate key error"}, true},
+		{mongo.WriteError{Code: 91, Message: "ShutdownInProgress"}, false},
+		{mongo.WriteError{Code: codeUpdateResultTooLarge}, false},
+		{errors.New("other"), false},
+		{nil, false},
+	} {
+		if got := isNotHeld(c.err); got != c.want {
+			t.Errorf("isNotHeld(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// crashingFinish is the store of a process that dies in the middle of a
+// FinishBatch: only the first landed items' writes reach the store; what
+// the process is told afterwards no longer matters.
+type crashingFinish struct {
+	*Store
+	landed int
+}
+
+func (c *crashingFinish) Capabilities() idempotency.Capabilities {
+	caps := c.Store.Capabilities()
+	caps.Batcher = c
+	return caps
+}
+
+func (c *crashingFinish) FinishBatch(ctx context.Context, items []idempotency.Finish) []error {
+	c.Store.FinishBatch(ctx, items[:min(c.landed, len(items))])
+	return make([]error, len(items))
+}
+
+// TestBatchCrash crashes a DoBatch after half of its completions landed
+// (the lease then ends, as a dead process's does): the completed items
+// replay, and the others are taken over exactly once by four batches
+// racing over the same keys.
+func TestBatchCrash(t *testing.T) {
+	s, _, clock := modelStore(t, nil)
+	const n, half = 10, 5
+	reqs := make([]idempotency.Request, n)
+	for i := range reqs {
+		reqs[i] = idempotency.Request{Scope: []string{"t"}, Key: fmt.Sprint("crash-", i)}
+	}
+	var ran [n]atomic.Int32
+	fn := func(_ context.Context, i int) (int, error) { ran[i].Add(1); return i, nil }
+	dead, err := idempotency.New(&crashingFinish{Store: s, landed: half}, idempotency.WithLease(time.Minute), idempotency.WithStoreTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idempotency.DoBatch(bg, dead, reqs, fn)
+	clock.Advance(time.Minute + time.Second)
+
+	var wg sync.WaitGroup
+	outs := make([][]idempotency.BatchResult[int], 4)
+	for g := range outs {
+		r, err := idempotency.New(s, idempotency.WithLease(time.Minute), idempotency.WithStoreTimeout(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { outs[g] = idempotency.DoBatch(bg, r, reqs, fn) })
+	}
+	wg.Wait()
+	for i := range n {
+		want := int32(1)
+		if i >= half {
+			want = 2 // once before the crash, once by the takeover
+		}
+		if got := ran[i].Load(); got != want {
+			t.Errorf("item %d ran %d times, want %d", i, got, want)
+		}
+		took := 0
+		for g, out := range outs {
+			o := out[i]
+			switch {
+			case o.Ran:
+				took++
+				if i < half {
+					t.Errorf("batch %d ran the completed item %d", g, i)
+				}
+			case i < half && (o.Err != nil || !o.Replayed || o.Value != i):
+				t.Errorf("batch %d, completed item %d: %+v %v, want a replay", g, i, o.Result, o.Err)
+			case i >= half && o.Err == nil && !o.Replayed:
+				t.Errorf("batch %d, item %d: %+v, want ran, replayed or an error (in progress)", g, i, o.Result)
+			}
+		}
+		if i >= half && took != 1 {
+			t.Errorf("item %d taken over by %d batches, want exactly 1", i, took)
+		}
 	}
 }
