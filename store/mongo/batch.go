@@ -26,7 +26,9 @@ var _ idempotency.Batcher = (*Store)(nil)
 // batch is split into runs of MaxBatch, two commands each): one bulk
 // write of the items' claims and one find of their records. An empty
 // batch sends nothing; an invalid request (see
-// [idempotency.ValidateClaim]) gets its error and is not sent.
+// [idempotency.ValidateClaim]) gets its error and is not sent; a batch of
+// one valid request is a call of [Store.Claim] (one command for a fresh
+// key).
 //
 // Each claim is the statement of Claim's findAndModify, as an update
 // with upsert (claimFilter and claimPipeline, the item's values bound
@@ -76,7 +78,14 @@ func (s *Store) claimChunk(ctx context.Context, reqs []idempotency.ClaimRequest,
 			errs[i] = err
 		}
 	}
-	if len(todo) == 0 {
+	switch len(todo) {
+	case 0:
+		return
+	case 1:
+		// Claim's findAndModify returns the record it wrote: one command
+		// for a fresh key where the bulk write needs its find.
+		i := todo[0]
+		results[i], errs[i] = s.Claim(ctx, reqs[i])
 		return
 	}
 	if err := s.begin(ctx); err != nil {
