@@ -172,3 +172,38 @@ func TestBatchLargeResults(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchDuplicateKeysServer claims one key several times in one batch,
+// 20 rounds: whatever order the server applies the unordered statements
+// in, exactly one token acquires it, and the items of one token get one
+// answer.
+func TestBatchDuplicateKeysServer(t *testing.T) {
+	c := server(t)
+	s := newStore(t, freshCollection(t, c), nil)
+	ctx := context.Background()
+	for round := range 20 {
+		key := fmt.Sprint("dup-", round)
+		toks := []idempotency.Token{"t1", "t2", "t1", "t3"}
+		fps := []idempotency.Fingerprint{"fp", "fp", "fp", "other"}
+		reqs := make([]idempotency.ClaimRequest, len(toks))
+		for i := range reqs {
+			reqs[i] = idempotency.ClaimRequest{Key: key, Fingerprint: fps[i], Token: toks[i], Lease: time.Minute, Grace: time.Minute}
+		}
+		res, errs := s.ClaimBatch(ctx, reqs)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		holders := map[idempotency.Token]bool{}
+		for i, r := range res {
+			if r.Outcome == idempotency.OutcomeAcquired {
+				holders[toks[i]] = true
+			}
+		}
+		if len(holders) != 1 {
+			t.Fatalf("round %d: outcomes %v %v %v %v, want exactly one token acquiring", round, res[0].Outcome, res[1].Outcome, res[2].Outcome, res[3].Outcome)
+		}
+		if res[0].Outcome != res[2].Outcome || res[0].Fence != res[2].Fence {
+			t.Errorf("round %d: the two items of t1: %+v and %+v, want one answer", round, res[0], res[2])
+		}
+	}
+}
