@@ -43,20 +43,25 @@ func BenchmarkMongoFloor(b *testing.B) {
 	}
 }
 
-func mongoFloor(b *testing.B, uri, op string, callers int) {
-	var trips atomic.Int64
-	c, err := bench.MongoClient(uri, &trips)
+// mongoPair returns a runner on a store of a fresh collection and a raw
+// collection beside it (majority write concern), both dropped at the end
+// of b, on a client of their own whose commands trips counts.
+func mongoPair(b *testing.B, uri, prefix string) (*idempotency.Runner, *mongo.Collection, *atomic.Int64) {
+	trips := new(atomic.Int64)
+	c, err := bench.MongoClient(uri, trips)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	defer c.Disconnect(ctx)
 	db := c.Database("idembench")
-	name := "floor_" + bench.RandomHex(6)
+	name := prefix + "_" + bench.RandomHex(6)
 	coll := db.Collection(name + "_store")
 	rawColl := db.Collection(name+"_raw", options.Collection().SetWriteConcern(writeconcern.Majority()))
-	defer coll.Drop(ctx)
-	defer rawColl.Drop(ctx)
+	b.Cleanup(func() {
+		_ = coll.Drop(ctx)
+		_ = rawColl.Drop(ctx)
+		_ = c.Disconnect(ctx)
+	})
 	s, err := idemmongo.New(coll, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -68,6 +73,12 @@ func mongoFloor(b *testing.B, uri, op string, callers int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return r, rawColl, trips
+}
+
+func mongoFloor(b *testing.B, uri, op string, callers int) {
+	r, rawColl, trips := mongoPair(b, uri, "floor")
+	ctx := context.Background()
 	value := strings.Repeat("v", bench.ResultSize)
 	fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
 	do := func(key string) error {
@@ -102,7 +113,7 @@ func mongoFloor(b *testing.B, uri, op string, callers int) {
 			}
 		}
 	}
-	bench.Floor(b, callers, &trips,
+	bench.Floor(b, callers, trips,
 		func(g, i int) error {
 			if op == "replay" {
 				return do(fmt.Sprintf("hot-%d", g))

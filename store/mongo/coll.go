@@ -48,6 +48,24 @@ type collection interface {
 	// causal returns a context whose operations run in one causally
 	// consistent session, and the function that ends it.
 	causal(ctx context.Context) (context.Context, func(), error)
+	// bulkUpdate runs the statements, each an update with upsert, as one
+	// unordered bulk write (the driver sends as few update commands as the
+	// server's limits on their count and size allow) and returns each
+	// statement's write error, nil for one that applied: with upsert, a
+	// statement without a write error matched or inserted its document.
+	// err is an error of the whole write (a lost connection, a write
+	// concern error), which may have applied to any statement.
+	bulkUpdate(ctx context.Context, stmts []update) (errs []error, err error)
+	// findIDs returns the projected documents of the records under keys
+	// (the filter of idsFilter), in no particular order, asking for them
+	// all in the first reply.
+	findIDs(ctx context.Context, keys []string, projection bson.D) ([]bson.Raw, error)
+}
+
+// update is one statement of bulkUpdate: an update with upsert.
+type update struct {
+	filter   bson.D
+	pipeline bson.A
 }
 
 // ttlIndexName is the name of the TTL index on the deletion time, and
@@ -172,7 +190,12 @@ func (d *driverCollection) createIndexes(ctx context.Context) error {
 }
 
 func (d *driverCollection) find(ctx context.Context, filter, sort, projection bson.D, limit int64) ([]bson.Raw, error) {
-	cur, err := d.reads.Find(ctx, filter, options.Find().SetSort(sort).SetProjection(projection).SetLimit(limit))
+	return d.findAll(ctx, filter, options.Find().SetSort(sort).SetProjection(projection).SetLimit(limit))
+}
+
+// findAll runs the find and returns every document of its cursor.
+func (d *driverCollection) findAll(ctx context.Context, filter bson.D, opts *options.FindOptionsBuilder) ([]bson.Raw, error) {
+	cur, err := d.reads.Find(ctx, filter, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -194,6 +217,32 @@ func (d *driverCollection) serverNow(ctx context.Context) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("hello has no localTime: %s", hello)
 	}
 	return now, nil
+}
+
+func (d *driverCollection) bulkUpdate(ctx context.Context, stmts []update) ([]error, error) {
+	models := make([]mongo.WriteModel, len(stmts))
+	for i, st := range stmts {
+		models[i] = mongo.NewUpdateOneModel().SetFilter(st.filter).SetUpdate(st.pipeline).SetUpsert(true)
+	}
+	errs := make([]error, len(stmts))
+	_, err := d.writes.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	var bwe mongo.BulkWriteException
+	if err == nil || !errors.As(err, &bwe) || bwe.WriteConcernError != nil {
+		return errs, err
+	}
+	for _, we := range bwe.WriteErrors {
+		if we.Index < 0 || we.Index >= len(stmts) {
+			return errs, fmt.Errorf("write error of statement %d in a bulk write of %d: %w", we.Index, len(stmts), err)
+		}
+		errs[we.Index] = we.WriteError
+	}
+	return errs, nil
+}
+
+func (d *driverCollection) findIDs(ctx context.Context, keys []string, projection bson.D) ([]bson.Raw, error) {
+	// One reply for every document where they fit in 16 MiB: the default
+	// first batch is 101 documents, then a getMore for each more.
+	return d.findAll(ctx, idsFilter(keys), options.Find().SetProjection(projection).SetBatchSize(int32(len(keys))))
 }
 
 func (d *driverCollection) causal(ctx context.Context) (context.Context, func(), error) {

@@ -16,6 +16,11 @@
 //     alone is never taken for "not claimed".
 //   - Renew, Checkpoint, Complete and Release are each one update whose
 //     filter requires the holder's token on a live record.
+//   - [Store.ClaimBatch] and [Store.FinishBatch] ([idempotency.Batcher],
+//     for idempotency.DoBatch) send those same writes, one statement per
+//     item, as one unordered bulk write, and read the records of the
+//     batch with one find: a batch of up to [MaxBatch] items costs two
+//     commands to claim and one to finish.
 //
 // Fences are the server's clock in milliseconds at the acquisition, or one
 // more than the record's previous fence when that is greater, so they grow

@@ -12,6 +12,7 @@ package mongo
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -38,11 +39,20 @@ type model struct {
 	between func(command string)
 	// commands counts the commands sent, by name.
 	commands map[string]int
-	info     bson.D // buildInfo's reply
-	hello    bson.D // hello's reply, without localTime
-	coll     bson.D // the collection's collation, if any
-	ttl      bool   // the TTL index was created
-	started  bool   // the partial index of STARTED records was created
+	// failBulk, when set, is the error of the next bulk write, which then
+	// applies nothing: an error of the whole command.
+	failBulk error
+	// statementErr, when set, is asked before each statement of a bulk
+	// write: an error it returns is that statement's write error, and the
+	// statement is not applied.
+	statementErr func(i int) error
+	// maxBulk is the most statements one bulk write carried.
+	maxBulk int
+	info    bson.D // buildInfo's reply
+	hello   bson.D // hello's reply, without localTime
+	coll    bson.D // the collection's collation, if any
+	ttl     bool   // the TTL index was created
+	started bool   // the partial index of STARTED records was created
 }
 
 func newModel(now func() time.Time) *model {
@@ -89,25 +99,10 @@ func (m *model) findOneAndUpdate(ctx context.Context, filter bson.D, pipeline bs
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clockNow()
-	vars := evalLet(let, now)
-	id := filterID(filter)
-	doc, exists := m.docs[idKey(id)]
-	switch {
-	case exists && matches(doc, filter, vars, now):
-	case exists:
-		// The upsert inserts a document with the same _id.
-		return nil, mongo.CommandError{Code: 11000, Message: fmt.Sprintf("E11000 duplicate key error collection: idem.records index: _id_ dup key: { _id: %v }", id)}
-	default:
-		doc = bson.D{{Key: fieldID, Value: id}}
-	}
-	out, err := applyPipeline(doc, pipeline, vars, now)
+	out, err := m.write(filter, pipeline, evalLet(let, now), now, true)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSize(out); err != nil {
-		return nil, err
-	}
-	m.docs[idKey(id)] = out
 	return bson.Marshal(out)
 }
 
@@ -119,21 +114,128 @@ func (m *model) updateOne(ctx context.Context, filter bson.D, pipeline bson.A, l
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clockNow()
-	vars := evalLet(let, now)
+	out, err := m.write(filter, pipeline, evalLet(let, now), now, false)
+	if out == nil || err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
+// write applies one update statement, under the lock: the pipeline to the
+// document the filter matches; else, with upsert, to the document the
+// upsert would insert ({_id} of the filter), which is then inserted, or
+// refused with E11000 when another document has the _id. A pipeline's
+// error (or a result over 16 MiB) comes first, as on the server. It
+// returns the document written, nil when nothing matched without upsert.
+func (m *model) write(filter bson.D, pipeline bson.A, vars map[string]any, now bson.DateTime, upsert bool) (bson.D, error) {
 	id := filterID(filter)
 	doc, exists := m.docs[idKey(id)]
-	if !exists || !matches(doc, filter, vars, now) {
-		return 0, nil
+	matched := exists && matches(doc, filter, vars, now)
+	switch {
+	case matched:
+	case !upsert:
+		return nil, nil
+	default:
+		doc = bson.D{{Key: fieldID, Value: id}}
 	}
 	out, err := applyPipeline(doc, pipeline, vars, now)
-	if err != nil {
-		return 0, err
+	if err == nil {
+		err = checkSize(out)
 	}
-	if err := checkSize(out); err != nil {
-		return 0, err
+	if err != nil {
+		return nil, err
+	}
+	if !matched && exists {
+		return nil, mongo.CommandError{Code: 11000, Message: fmt.Sprintf("E11000 duplicate key error collection: idem.records index: _id_ dup key: { _id: %v }", id)}
 	}
 	m.docs[idKey(id)] = out
-	return 1, nil
+	return out, nil
+}
+
+// bulkUpdate runs the statements one by one, each under the lock as the
+// server applies each statement of an update command on its own (other
+// commands run between them), each an update with upsert. Unordered: a
+// statement's error stops only that statement. It is one command: the
+// driver splits a bulk write only past 100,000 statements or 48 MB, which
+// a batch of MaxBatch items does not reach unless its results do.
+func (m *model) bulkUpdate(ctx context.Context, stmts []update) ([]error, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	defer m.done("update")
+	m.mu.Lock()
+	fail := m.failBulk
+	m.failBulk = nil
+	refuse := m.statementErr
+	m.maxBulk = max(m.maxBulk, len(stmts))
+	m.mu.Unlock()
+	if fail != nil {
+		return nil, fail
+	}
+	errs := make([]error, len(stmts))
+	for i, st := range stmts {
+		if refuse != nil {
+			if errs[i] = refuse(i); errs[i] != nil {
+				continue
+			}
+		}
+		errs[i] = m.upsert(i, st)
+	}
+	return errs, nil
+}
+
+// upsert applies one statement of a bulk write (see write), whose error
+// becomes the statement's write error. The statement goes through BSON
+// first, as on the wire, so the model keeps no slice of the caller's.
+func (m *model) upsert(i int, st update) error {
+	var wire struct {
+		Q bson.D `bson:"q"`
+		U bson.A `bson:"u"`
+	}
+	raw, err := bson.Marshal(bson.D{{Key: "q", Value: st.filter}, {Key: "u", Value: st.pipeline}})
+	if err != nil {
+		panic(err)
+	}
+	if err := bson.Unmarshal(raw, &wire); err != nil {
+		panic(err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clockNow()
+	_, err = m.write(wire.Q, wire.U, nil, now, true)
+	var ce mongo.CommandError
+	if errors.As(err, &ce) {
+		return mongo.WriteError{Index: i, Code: int(ce.Code), Message: ce.Message}
+	}
+	return err
+}
+
+// findIDs runs the find of idsFilter(keys).
+func (m *model) findIDs(ctx context.Context, keys []string, projection bson.D) ([]bson.Raw, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	defer m.done("find")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clockNow()
+	filter := idsFilter(keys)
+	var out []bson.Raw
+	seen := map[string]bool{}
+	for _, key := range keys {
+		k := idKey(encodeString(key))
+		doc, ok := m.docs[k]
+		if !ok || seen[k] || !matches(doc, filter, nil, now) {
+			continue
+		}
+		seen[k] = true
+		raw, err := bson.Marshal(project(doc, projection, now))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, raw)
+	}
+	return out, nil
 }
 
 // checkSize refuses a document over 16 MiB as the server does.
@@ -671,6 +773,12 @@ func operator(name string, arg any, s *scope) any {
 		return false
 	case "$type":
 		return typeName(args(arg, s)[0])
+	case "$size":
+		a, ok := args(arg, s)[0].(bson.A)
+		if !ok {
+			panic("model: $size needs an array")
+		}
+		return int64(len(a))
 	case "$max":
 		var best any = nil
 		for _, x := range args(arg, s) {

@@ -351,3 +351,93 @@ func releasePipeline() bson.A {
 func watchPipeline(key string) bson.A {
 	return bson.A{bson.D{{Key: "$match", Value: bson.D{{Key: "documentKey._id", Value: encodeString(key)}}}}}
 }
+
+// The statements of a batch (batch.go) are the single calls' filters and
+// pipelines with their variables bound inside each statement: a bulk write
+// is one command, and its let document is shared by every statement,
+// while each item has its own key, token and values.
+
+// bound returns expr evaluated with the variables of let, which holds
+// $literal values as a let document does (see letDoc): {$let: {vars:
+// let, in: expr}}. Inside, $$tok and the others read as in a single call.
+func bound(let bson.D, expr any) bson.D {
+	return bson.D{{Key: "$let", Value: bson.D{{Key: "vars", Value: let}, {Key: "in", Value: expr}}}}
+}
+
+// boundFilter returns filter with its $expr evaluated under let.
+func boundFilter(filter, let bson.D) bson.D {
+	out := make(bson.D, len(filter))
+	for i, e := range filter {
+		if e.Key == "$expr" {
+			e.Value = bound(let, e.Value)
+		}
+		out[i] = e
+	}
+	return out
+}
+
+// notHeldMessage is what a batch's guarded pipeline (boundPipeline) makes
+// of the document its upsert would insert; the server refuses it with
+// codeNotHeld, so the statement writes nothing.
+const notHeldMessage = "mongo: no record held under the token"
+
+// codeNotHeld is the server's error for a replacement that is not a
+// document (40228: "'replacement document' must evaluate to an object"):
+// for a guarded statement, its filter matched nothing.
+const codeNotHeld = 40228
+
+// boundPipeline returns pipeline, a single $replaceWith stage, with its
+// replacement evaluated under let. With a guard, the replacement is kept
+// only where guard (the statement's filter condition) holds, and is
+// notHeldMessage elsewhere. A batch sends its completions and releases as
+// upserts so that the reply tells, statement by statement, whether each
+// one applied: the write errors of a bulk write are given per statement,
+// its match count only for the whole command. The filter matches the
+// held record, which the guard lets through; when it matches nothing the
+// upsert would insert {_id: key}, which the guard turns into a string, so
+// the server refuses the statement (codeNotHeld) and writes nothing.
+func boundPipeline(pipeline bson.A, let bson.D, guard any) bson.A {
+	if len(pipeline) != 1 {
+		panic("mongo: boundPipeline of a pipeline of several stages")
+	}
+	stage := pipeline[0].(bson.D)
+	if len(stage) != 1 || stage[0].Key != "$replaceWith" {
+		panic("mongo: boundPipeline of a stage other than $replaceWith")
+	}
+	repl := stage[0].Value
+	if guard != nil {
+		repl = bson.D{{Key: "$cond", Value: bson.A{guard, repl, literal(notHeldMessage)}}}
+	}
+	return bson.A{bson.D{{Key: "$replaceWith", Value: bound(let, repl)}}}
+}
+
+// filterExpr returns the $expr of a filter.
+func filterExpr(filter bson.D) any {
+	for _, e := range filter {
+		if e.Key == "$expr" {
+			return e.Value
+		}
+	}
+	panic("mongo: filter without $expr")
+}
+
+// idsFilter matches the records under keys, live or not.
+func idsFilter(keys []string) bson.D {
+	ids := make(bson.A, len(keys))
+	for i, k := range keys {
+		ids[i] = encodeString(k)
+	}
+	return bson.D{{Key: fieldID, Value: bson.D{{Key: "$in", Value: ids}}}}
+}
+
+// batchReadProjection is what a batch's claim reads of each record after
+// its update: readProjection, and whether the record has checkpoints
+// (read only for an acquisition that gets them, see claimBatch).
+func batchReadProjection() bson.D {
+	return append(readProjection(), bson.E{Key: "cps", Value: gt(op("$size", op("$ifNull", field(fieldCheckpoints), bson.A{})), int64(0))})
+}
+
+// checkpointProjection is readProjection and the checkpoints.
+func checkpointProjection() bson.D {
+	return append(readProjection(), bson.E{Key: fieldCheckpoints, Value: 1})
+}

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +22,6 @@ import (
 	"github.com/exactlyonce/idempotency/conformancetest"
 	idemmongo "github.com/exactlyonce/idempotency/store/mongo"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -542,19 +540,7 @@ func TestWatchTakeoverAndSpurious(t *testing.T) {
 // TestRoundTrips counts the commands each path sends, with a command
 // monitor on a client of its own.
 func TestRoundTrips(t *testing.T) {
-	server(t)
-	var commands atomic.Int64
-	var names sync.Map
-	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-		commands.Add(1)
-		names.Store(e.CommandName, true)
-	}}
-	c, err := mongo.Connect(options.Client().ApplyURI(os.Getenv(envURI)).SetMonitor(mon))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Disconnect(context.Background())
-	s := newStore(t, freshCollection(t, c), nil)
+	s, _, since := monitored(t, nil)
 	runner, err := idempotency.New(s)
 	if err != nil {
 		t.Fatal(err)
@@ -565,13 +551,17 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	since()
 	for _, step := range []struct {
 		name string
-		want int64
+		want int
 	}{{"fresh Do", 2}, {"replayed Do", 2}} {
-		before := commands.Load()
 		do()
-		if got := commands.Load() - before; got != step.want {
+		got := 0
+		for _, n := range since() {
+			got += n
+		}
+		if got != step.want {
 			t.Errorf("%s: %d commands, want %d", step.name, got, step.want)
 		}
 	}

@@ -92,8 +92,9 @@ type Options struct {
 
 // Store is an [idempotency.Store] on a MongoDB collection, one document
 // per record. It is safe for concurrent use. It implements
-// [idempotency.Sweeper], [idempotency.Inspector] and [idempotency.Watcher]
-// (effective on replica sets and sharded clusters).
+// [idempotency.Sweeper], [idempotency.Inspector], [idempotency.Batcher]
+// and [idempotency.Watcher] (effective on replica sets and sharded
+// clusters).
 type Store struct {
 	c          collection
 	drv        *driverCollection // nil when c is not the driver's
@@ -117,11 +118,13 @@ var (
 // contract: it sweeps, lets operators inspect, purge and list stuck
 // records ([Store.Inspect], [Store.Purge], [Store.Stuck]), watches through
 // change streams (on a replica set or a sharded cluster; a standalone
-// server's Watch reports that it cannot, and callers poll), and keeps
-// values up to [Options.MaxValueSize].
+// server's Watch reports that it cannot, and callers poll), claims and
+// finishes batches of up to [MaxBatch] items in a few commands each
+// ([Store.ClaimBatch], [Store.FinishBatch]), and keeps values up to
+// [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Sweeper: s, Inspector: s,
-		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
+	return idempotency.Capabilities{Watcher: s, Sweeper: s, Inspector: s, Batcher: s,
+		Limits: idempotency.Limits{MaxValueSize: s.maxValue, MaxBatch: MaxBatch}}
 }
 
 // Key returns the _id of storageKey's document, as every adapter's Key
@@ -464,11 +467,8 @@ func (s *Store) Checkpoint(ctx context.Context, key string, token idempotency.To
 // Complete implements [idempotency.Store.Complete] with one update
 // conditional on the token.
 func (s *Store) Complete(ctx context.Context, key string, token idempotency.Token, result []byte, retention time.Duration) error {
-	if len(result) > s.maxValue {
-		return fmt.Errorf("%w: mongo: result of %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, len(result), s.maxValue)
-	}
-	if retention <= 0 {
-		return fmt.Errorf("%w: mongo: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
+	if err := s.checkCompletion(result, retention); err != nil {
+		return err
 	}
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -480,6 +480,19 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	}
 	if matched == 0 {
 		return idempotency.ErrLeaseLost
+	}
+	return nil
+}
+
+// checkCompletion refuses, before anything is sent, a result over
+// MaxValueSize (idempotency.ErrTooLarge) and a retention that is not
+// positive.
+func (s *Store) checkCompletion(result []byte, retention time.Duration) error {
+	if len(result) > s.maxValue {
+		return fmt.Errorf("%w: mongo: result of %d bytes, limit %d (Options.MaxValueSize)", idempotency.ErrTooLarge, len(result), s.maxValue)
+	}
+	if retention <= 0 {
+		return fmt.Errorf("%w: mongo: retention must be positive, got %v", idempotency.ErrInvalidArgument, retention)
 	}
 	return nil
 }

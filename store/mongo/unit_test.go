@@ -739,15 +739,7 @@ func TestRoundTrips(t *testing.T) {
 	if err := s.Migrate(bg); err != nil {
 		t.Fatal(err)
 	}
-	count := func() int {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		n := 0
-		for _, c := range m.commands {
-			n += c
-		}
-		return n
-	}
+	count := func() int { return commandCount(m) }
 	steps := []struct {
 		name string
 		run  func()
