@@ -47,6 +47,9 @@ type Cluster struct {
 	members []*Member
 	initial string
 	token   string // the cluster's --initial-cluster-token
+	// configure, when set, changes each member's configuration before it
+	// starts (see [StartWith]).
+	configure func(*embed.Config)
 }
 
 // A Member is one embedded server of a Cluster.
@@ -62,10 +65,19 @@ type Member struct {
 // leader; they stop at the end of the test.
 func Start(tb testing.TB, n int, t Timing) *Cluster {
 	tb.Helper()
+	return StartWith(tb, n, t, nil)
+}
+
+// StartWith is [Start] with configure applied to each member's
+// configuration before it starts (and restarts): for a server's limits,
+// such as --max-txn-ops (MaxTxnOps) or --max-request-bytes
+// (MaxRequestBytes).
+func StartWith(tb testing.TB, n int, t Timing, configure func(*embed.Config)) *Cluster {
+	tb.Helper()
 	if t.TickMs == 0 {
 		t = Fast
 	}
-	c := &Cluster{tb: tb, timing: t, token: "idem-" + tb.TempDir()}
+	c := &Cluster{tb: tb, timing: t, token: "idem-" + tb.TempDir(), configure: configure}
 	var initial []string
 	for i := range n {
 		m := &Member{
@@ -124,6 +136,9 @@ func (c *Cluster) start(m *Member, state string) error {
 	cfg.ClusterState = state
 	cfg.InitialClusterToken = c.token
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	if c.configure != nil {
+		c.configure(cfg)
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return fmt.Errorf("starting embedded etcd %s: %w", m.Name, err)

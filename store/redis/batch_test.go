@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/batchtest"
 	idemredis "github.com/exactlyonce/idempotency/store/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -33,40 +34,6 @@ func claims(keys []string, lease time.Duration) []idempotency.ClaimRequest {
 	return reqs
 }
 
-// completions completes every item of reqs with its key as its result.
-func completions(reqs []idempotency.ClaimRequest) []idempotency.Finish {
-	items := make([]idempotency.Finish, len(reqs))
-	for i, r := range reqs {
-		items[i] = idempotency.Finish{Key: r.Key, Token: r.Token, Result: []byte("result of " + r.Key), Retention: time.Minute}
-	}
-	return items
-}
-
-// mustClaimBatch runs ClaimBatch and requires every item to succeed with
-// outcome want.
-func mustClaimBatch(t *testing.T, s *idemredis.Store, reqs []idempotency.ClaimRequest, want idempotency.Outcome) []idempotency.ClaimResult {
-	t.Helper()
-	res, errs := s.ClaimBatch(context.Background(), reqs)
-	if len(res) != len(reqs) || len(errs) != len(reqs) {
-		t.Fatalf("ClaimBatch of %d: %d results, %d errors", len(reqs), len(res), len(errs))
-	}
-	for i := range reqs {
-		if errs[i] != nil || res[i].Outcome != want {
-			t.Fatalf("ClaimBatch item %d (%s): %+v, %v; want %v", i, reqs[i].Key, res[i], errs[i], want)
-		}
-	}
-	return res
-}
-
-func mustFinishBatch(t *testing.T, s *idemredis.Store, items []idempotency.Finish) {
-	t.Helper()
-	for i, err := range s.FinishBatch(context.Background(), items) {
-		if err != nil {
-			t.Fatalf("FinishBatch item %d (%s): %v", i, items[i].Key, err)
-		}
-	}
-}
-
 // TestBatchRoundTrips counts what batches send, with a go-redis hook: on a
 // single server a ClaimBatch and a FinishBatch are one pipeline each
 // whatever their size, and a DoBatch of fresh keys two; on the cluster,
@@ -85,9 +52,9 @@ func TestBatchRoundTrips(t *testing.T) {
 		for _, n := range []int{1, 10, 300} {
 			reqs := claims(batchKeys(n, fmt.Sprintf("rt%d", n)), time.Minute)
 			h.reset()
-			mustClaimBatch(t, s, reqs, idempotency.OutcomeAcquired)
+			batchtest.MustClaim(t, s, reqs, idempotency.OutcomeAcquired)
 			h.check(t, fmt.Sprintf("ClaimBatch of %d", n), 1)
-			mustFinishBatch(t, s, completions(reqs))
+			batchtest.MustFinish(t, s, batchtest.Completions(reqs, time.Minute))
 			h.check(t, fmt.Sprintf("FinishBatch of %d", n), 1)
 		}
 		r, err := idempotency.New(s)
@@ -130,11 +97,11 @@ func TestBatchRoundTrips(t *testing.T) {
 			t.Fatalf("the batch spans %d hash tags, want hundreds", len(tags))
 		}
 		h.reset()
-		mustClaimBatch(t, s, reqs, idempotency.OutcomeAcquired)
+		batchtest.MustClaim(t, s, reqs, idempotency.OutcomeAcquired)
 		h.check(t, fmt.Sprintf("ClaimBatch of 500 keys on %d hash tags", len(tags)), masters.Load())
-		mustFinishBatch(t, s, completions(reqs))
+		batchtest.MustFinish(t, s, batchtest.Completions(reqs, time.Minute))
 		h.check(t, "FinishBatch of 500 keys", masters.Load())
-		mustClaimBatch(t, s, claims(batchKeys(500, "rtc"), time.Minute), idempotency.OutcomeReplay)
+		batchtest.MustClaim(t, s, claims(batchKeys(500, "rtc"), time.Minute), idempotency.OutcomeReplay)
 	})
 }
 
@@ -201,8 +168,8 @@ func (h *pipeHook) reset() { h.evalsha.Store(0); h.eval.Store(0); h.other.Store(
 func warmUp(t *testing.T, s *idemredis.Store) {
 	t.Helper()
 	reqs := claims([]string{"3:warm-a", "3:warm-b"}, time.Minute)
-	mustClaimBatch(t, s, reqs, idempotency.OutcomeAcquired)
-	mustFinishBatch(t, s, []idempotency.Finish{
+	batchtest.MustClaim(t, s, reqs, idempotency.OutcomeAcquired)
+	batchtest.MustFinish(t, s, []idempotency.Finish{
 		{Key: reqs[0].Key, Token: reqs[0].Token, Result: []byte("r"), Retention: time.Minute},
 		{Key: reqs[1].Key, Token: reqs[1].Token, Release: true},
 	})
@@ -226,15 +193,15 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 				}
 			}
 			flush()
-			mustClaimBatch(t, s, reqs, idempotency.OutcomeAcquired)
+			batchtest.MustClaim(t, s, reqs, idempotency.OutcomeAcquired)
 			flush()
-			mustClaimBatch(t, s, reqs, idempotency.OutcomeAcquired) // a repeat by the holders
-			items := completions(reqs)
+			batchtest.MustClaim(t, s, reqs, idempotency.OutcomeAcquired) // a repeat by the holders
+			items := batchtest.Completions(reqs, time.Minute)
 			for i := range items[:32] {
 				items[i] = idempotency.Finish{Key: reqs[i].Key, Token: reqs[i].Token, Release: true}
 			}
 			flush()
-			mustFinishBatch(t, s, items)
+			batchtest.MustFinish(t, s, items)
 			flush()
 			res, errs := s.ClaimBatch(ctx, claims(batchKeys(64, "flush"), time.Minute))
 			for i := range res {
@@ -282,7 +249,7 @@ func TestBatchItemsApart(t *testing.T) {
 			t.Errorf("ClaimBatch item %d under a canceled context: %v", i, err)
 		}
 	}
-	for i, err := range s.FinishBatch(canceled, completions(reqs)) {
+	for i, err := range s.FinishBatch(canceled, batchtest.Completions(reqs, time.Minute)) {
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("FinishBatch item %d under a canceled context: %v", i, err)
 		}
@@ -412,8 +379,8 @@ func TestBatchWaitsForReplicas(t *testing.T) {
 	direct := newStore(t, c, &idemredis.Options{Prefix: prefix})
 	short := newStore(t, c, &idemredis.Options{Prefix: prefix, Replicas: len(onlineReplicas(t, c)) + 1, ReplicaTimeout: 20 * time.Millisecond})
 	done := claims([]string{"3:wait-done"}, time.Minute)
-	mustClaimBatch(t, direct, done, idempotency.OutcomeAcquired)
-	mustFinishBatch(t, direct, completions(done))
+	batchtest.MustClaim(t, direct, done, idempotency.OutcomeAcquired)
+	batchtest.MustFinish(t, direct, batchtest.Completions(done, time.Minute))
 
 	reqs := append(claims(batchKeys(5, "wait"), time.Minute), claimReq(done[0].Key, "other", time.Minute))
 	res, errs := short.ClaimBatch(ctx, reqs)
@@ -425,13 +392,13 @@ func TestBatchWaitsForReplicas(t *testing.T) {
 	if errs[5] != nil || res[5].Outcome != idempotency.OutcomeReplay {
 		t.Errorf("replay in the batch: %+v, %v; want a replay and no error", res[5], errs[5])
 	}
-	mustClaimBatch(t, direct, reqs[:5], idempotency.OutcomeAcquired) // written: the holders' repeat
-	for i, err := range short.FinishBatch(ctx, completions(reqs[:5])) {
+	batchtest.MustClaim(t, direct, reqs[:5], idempotency.OutcomeAcquired) // written: the holders' repeat
+	for i, err := range short.FinishBatch(ctx, batchtest.Completions(reqs[:5], time.Minute)) {
 		if !errors.Is(err, idemredis.ErrNotReplicated) {
 			t.Errorf("completion %d: %v, want ErrNotReplicated", i, err)
 		}
 	}
-	mustClaimBatch(t, direct, claims(batchKeys(5, "wait"), time.Minute), idempotency.OutcomeReplay)
+	batchtest.MustClaim(t, direct, claims(batchKeys(5, "wait"), time.Minute), idempotency.OutcomeReplay)
 }
 
 // TestBatchWakesWatchers: with Notify, each completion and release of a
@@ -445,7 +412,7 @@ func TestBatchWakesWatchers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t, tc.client, &idemredis.Options{Notify: true})
 			reqs := claims(batchKeys(8, "watch"), time.Minute)
-			mustClaimBatch(t, s, reqs, idempotency.OutcomeAcquired)
+			batchtest.MustClaim(t, s, reqs, idempotency.OutcomeAcquired)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			woke := make(chan error, len(reqs))
@@ -455,9 +422,9 @@ func TestBatchWakesWatchers(t *testing.T) {
 			// Watch subscribes, then reads the state: wait until every
 			// watcher subscribed, so that the wake-up is the message's.
 			waitSubscribers(t, ctx, tc.client, s, reqs)
-			items := completions(reqs)
+			items := batchtest.Completions(reqs, time.Minute)
 			items[0] = idempotency.Finish{Key: reqs[0].Key, Token: reqs[0].Token, Release: true}
-			mustFinishBatch(t, s, items)
+			batchtest.MustFinish(t, s, items)
 			for range reqs {
 				if err := <-woke; err != nil {
 					t.Fatalf("Watch: %v", err)
