@@ -90,7 +90,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest)
 		}
 		pairs[i] = l.leasePair
 		cmp, then, orElse := claimTxn(s.keys(r.Key), r, l.live, l.life)
-		items = append(items, batchItem{i: i, op: clientv3.OpTxn([]clientv3.Cmp{cmp}, then, []clientv3.Op{orElse})})
+		items = append(items, newBatchItem(i, clientv3.OpTxn([]clientv3.Cmp{cmp}, then, []clientv3.Op{orElse})))
 	}
 	var wg sync.WaitGroup
 	s.commitBatch(ctx, &wg, items, func(i int, resp *clientv3.TxnResponse, err error) {
@@ -158,7 +158,7 @@ func (s *Store) FinishBatch(ctx context.Context, items []idempotency.Finish) []e
 		k := s.keys(f.Key)
 		if f.Release {
 			cmps, then, orElse := releaseTxn(k, f.Token)
-			batch = append(batch, batchItem{i: i, op: clientv3.OpTxn(cmps, []clientv3.Op{then}, []clientv3.Op{orElse})})
+			batch = append(batch, newBatchItem(i, clientv3.OpTxn(cmps, []clientv3.Op{then}, []clientv3.Op{orElse})))
 			continue
 		}
 		if err := s.checkCompletion(f.Result, f.Retention); err != nil {
@@ -178,7 +178,7 @@ func (s *Store) FinishBatch(ctx context.Context, items []idempotency.Finish) []e
 		}
 		completions[i].leases = leases
 		cmp, orElse := holderTxn(k, c.st)
-		batch = append(batch, batchItem{i: i, op: clientv3.OpTxn([]clientv3.Cmp{cmp}, then, orElse)})
+		batch = append(batch, newBatchItem(i, clientv3.OpTxn([]clientv3.Cmp{cmp}, then, orElse)))
 	}
 	s.commitBatch(ctx, &wg, batch, func(i int, resp *clientv3.TxnResponse, err error) {
 		f := items[i]
@@ -240,10 +240,16 @@ func fill(errs []error, err error) {
 	}
 }
 
-// A batchItem is item i's own transaction (an OpTxn) in a batch.
+// A batchItem is item i's own transaction (an OpTxn) in a batch, and
+// about the bytes it takes in a request.
 type batchItem struct {
-	i  int
-	op clientv3.Op
+	i    int
+	op   clientv3.Op
+	size int
+}
+
+func newBatchItem(i int, op clientv3.Op) batchItem {
+	return batchItem{i: i, op: op, size: opSize(op)}
 }
 
 // commitBatch commits items, each nested in a transaction of the batch,
@@ -259,7 +265,7 @@ func (s *Store) commitBatch(ctx context.Context, wg *sync.WaitGroup, items []bat
 	for len(items) > 0 {
 		n, size := 0, 0
 		for n < len(items) && n < most {
-			size += opSize(items[n].op)
+			size += items[n].size
 			if n > 0 && size > budget {
 				break
 			}
@@ -285,7 +291,7 @@ func (s *Store) commitChunk(ctx context.Context, wg *sync.WaitGroup, items []bat
 	size := 0
 	for j, it := range items {
 		ops[j] = it.op
-		size += opSize(it.op)
+		size += it.size
 	}
 	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
 	if err != nil && len(items) > 1 && ctx.Err() == nil {
@@ -351,7 +357,10 @@ func opSize(op clientv3.Op) int {
 	for _, c := range cmps {
 		n += each + len(c.Key) + len(c.RangeEnd) + len(c.ValueBytes())
 	}
-	for _, o := range append(then[:len(then):len(then)], orElse...) {
+	for _, o := range then {
+		n += opSize(o)
+	}
+	for _, o := range orElse {
 		n += opSize(o)
 	}
 	return n
