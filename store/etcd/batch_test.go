@@ -420,3 +420,81 @@ func TestBatchBadInput(t *testing.T) {
 		t.Errorf("the repeated DoBatch ran fn %d more times", len(ran)-(size-2))
 	}
 }
+
+// TestBatchTakeover: a batch whose holder stopped (a crash: claimed,
+// never finished) is taken over by another process's batch once the
+// leases end, each item once, with a greater fence and attempt 2, over
+// more than one transaction's worth of items; the stopped holder's late
+// completions are refused item by item (ErrLeaseLost) and change nothing,
+// and the new holder's are applied.
+func TestBatchTakeover(t *testing.T) {
+	c := newClient(t)
+	prefix := uniquePrefix()
+	crashed := newStore(t, c, &idemetcd.Options{Prefix: prefix})
+	const size = 200
+	reqs := batchClaims(size, "takeover", time.Second)
+	for i := range reqs {
+		reqs[i].Grace = time.Minute // the record outlives its holder's lease
+	}
+	first := batchtest.MustClaim(t, crashed, reqs, idempotency.OutcomeAcquired)
+
+	next := newStore(t, c, &idemetcd.Options{Prefix: prefix})
+	again := make([]idempotency.ClaimRequest, size)
+	for i, r := range reqs {
+		again[i] = r
+		again[i].Token = tok(fmt.Sprintf("n%d-", i))
+		again[i].Lease = time.Minute
+	}
+	res := make([]idempotency.ClaimResult, size)
+	taken := make([]int, size)
+	pending := make([]int, size)
+	for i := range pending {
+		pending[i] = i
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pending) > 0 && time.Now().Before(deadline) {
+		sub := make([]idempotency.ClaimRequest, len(pending))
+		for j, i := range pending {
+			sub[j] = again[i]
+		}
+		got, errs := next.ClaimBatch(t.Context(), sub)
+		var still []int
+		for j, i := range pending {
+			switch {
+			case errs[j] != nil:
+				t.Fatalf("takeover claim %d: %v", i, errs[j])
+			case got[j].Outcome == idempotency.OutcomeAcquired:
+				res[i] = got[j]
+				taken[i]++
+			case got[j].Outcome == idempotency.OutcomeInProgress:
+				still = append(still, i)
+			default:
+				t.Fatalf("takeover claim %d: %+v", i, got[j])
+			}
+		}
+		pending = still
+		if len(pending) > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if len(pending) > 0 {
+		t.Fatalf("%d of %d items not taken over 10 s after a lease of 1 s", len(pending), size)
+	}
+	for i, r := range res {
+		if taken[i] != 1 || r.Fence <= first[i].Fence || r.Attempt != 2 {
+			t.Errorf("item %d taken over %d times: fence %d (was %d), attempt %d", i, taken[i], r.Fence, first[i].Fence, r.Attempt)
+		}
+	}
+	late := batchtest.Completions(reqs, time.Minute)
+	for i, err := range crashed.FinishBatch(t.Context(), late) {
+		if !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("the stopped holder's late completion %d: %v, want ErrLeaseLost", i, err)
+		}
+	}
+	batchtest.MustFinish(t, next, batchtest.Completions(again, time.Minute))
+	for i, r := range batchtest.MustClaim(t, crashed, reqs, idempotency.OutcomeReplay) {
+		if r.Fence != res[i].Fence || string(r.Result) != "result of "+reqs[i].Key {
+			t.Fatalf("replay %d: fence %d (the takeover's %d), %q", i, r.Fence, res[i].Fence, r.Result)
+		}
+	}
+}
