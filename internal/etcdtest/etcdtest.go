@@ -49,6 +49,9 @@ type Cluster struct {
 	members []*Member
 	initial string
 	token   string // the cluster's --initial-cluster-token
+	// configure, when set, changes each member's configuration before it
+	// starts (see [StartWith]).
+	configure func(*embed.Config)
 }
 
 // A Member is one embedded server of a Cluster.
@@ -64,10 +67,19 @@ type Member struct {
 // leader; they stop at the end of the test.
 func Start(tb testing.TB, n int, t Timing) *Cluster {
 	tb.Helper()
+	return StartWith(tb, n, t, nil)
+}
+
+// StartWith is [Start] with configure applied to each member's
+// configuration before it starts (and restarts): for a server's limits,
+// such as --max-txn-ops (MaxTxnOps) or --max-request-bytes
+// (MaxRequestBytes).
+func StartWith(tb testing.TB, n int, t Timing, configure func(*embed.Config)) *Cluster {
+	tb.Helper()
 	if t.TickMs == 0 {
 		t = Fast
 	}
-	c := &Cluster{tb: tb, timing: t, token: "idem-" + tb.TempDir()}
+	c := &Cluster{tb: tb, timing: t, token: "idem-" + tb.TempDir(), configure: configure}
 	var initial []string
 	for i := range n {
 		m := &Member{
@@ -139,6 +151,9 @@ func (c *Cluster) start(m *Member, state string) error {
 	cfg.InitialCluster = c.initial
 	cfg.ClusterState = state
 	cfg.InitialClusterToken = c.token
+	if c.configure != nil {
+		c.configure(cfg)
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return fmt.Errorf("starting embedded etcd %s: %w", m.Name, err)

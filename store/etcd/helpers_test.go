@@ -13,6 +13,7 @@ import (
 	idemetcd "github.com/exactlyonce/idempotency/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 const howTo = "run scripts/test.sh, or start a server with `eval $(scripts/servers/etcd.sh start DIR)`"
@@ -41,6 +42,21 @@ func newClient(tb testing.TB) *clientv3.Client {
 	if _, err := c.Get(ctx, "health-check"); err != nil {
 		tb.Fatalf("etcd at %v unreachable (%v): %s", endpoints(tb), err, howTo)
 	}
+	return c
+}
+
+// interceptedClient returns a client of the test server whose unary
+// calls go through intercept, closed at the end of the test.
+func interceptedClient(t *testing.T, intercept grpc.UnaryClientInterceptor) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints(t), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 

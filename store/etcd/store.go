@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -114,6 +115,10 @@ type Store struct {
 	minLease       time.Duration
 	leases         *leasePool
 	holders        holderCache
+	// batchItems and batchBytes, when set, are the most items and bytes
+	// of a batch's transaction, learned from a server that refused more
+	// (see batch.go).
+	batchItems, batchBytes atomic.Int64
 }
 
 var (
@@ -176,7 +181,7 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 	if minLease == 0 {
 		minLease = max(DefaultMinLease, time.Duration(s.leases.raised.Load())*time.Second)
 	}
-	return idempotency.Capabilities{Watcher: s, Inspector: s, Limits: idempotency.Limits{
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Batcher: s, Limits: idempotency.Limits{
 		MinLease: minLease, Resolution: time.Second, MaxValueSize: s.maxValue}}
 }
 
@@ -234,32 +239,79 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err := idempotency.ValidateClaim("etcd", r); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	start := time.Now()
+	return s.claim(ctx, r, time.Now(), nil)
+}
+
+// A firstTry is the first transaction of a claim, sent already by
+// [Store.ClaimBatch] (nested in the batch's): its answer, with the
+// batch's header, and the leases its writes named.
+type firstTry struct {
+	resp       *clientv3.TxnResponse
+	live, life clientv3.LeaseID
+	// settle makes the claim answer only what resp decides, and return
+	// errMore for what takes another round trip.
+	settle bool
+}
+
+// errMore is a claim's answer, with firstTry.settle, when deciding takes
+// another round trip.
+var errMore = errors.New("etcd: the claim takes another round trip")
+
+// claimTxn is the first transaction of claim r: if its record's key is
+// absent, create the record, with r's token and the meta of a fresh
+// claim, and its entry in the index of STARTED records (see Stuck), on
+// the life lease, and its live marker on the live lease; else read the
+// record.
+func claimTxn(k recordKeys, r idempotency.ClaimRequest, live, life clientv3.LeaseID) (clientv3.Cmp, []clientv3.Op, clientv3.Op) {
+	return clientv3.Compare(clientv3.CreateRevision(k.holder()), "=", 0),
+		[]clientv3.Op{
+			clientv3.OpPut(k.holder(), encodeRecord(stateStarted, r.Token, freshMeta(r), nil), clientv3.WithLease(life)),
+			clientv3.OpPut(k.live(), liveValue(r.Lease), clientv3.WithLease(live)),
+			clientv3.OpPut(k.started(), "", clientv3.WithLease(life)),
+		},
+		k.readMeta()
+}
+
+// freshMeta is the meta of a record created by claim r.
+func freshMeta(r idempotency.ClaimRequest) meta {
+	return meta{attempt: 1, grace: ceilMillis(r.Grace), fp: r.Fingerprint}
+}
+
+// claim decides claim r, begun at start, as [Store.Claim] documents;
+// first, when not nil, is the answer of its first transaction.
+func (s *Store) claim(ctx context.Context, r idempotency.ClaimRequest, start time.Time, first *firstTry) (idempotency.ClaimResult, error) {
 	k := s.keys(r.Key)
 	grace := ceilMillis(r.Grace)
-	fresh := meta{attempt: 1, grace: grace, fp: r.Fingerprint}
+	fresh := freshMeta(r)
+	// more reports whether the claim may take another round trip.
+	more := func() bool { return first == nil || !first.settle }
 	// The checkpoint names, read only when a repeat or a takeover needs
 	// them, as of the record's revision namesAt.
 	var names []string
 	namesAt := int64(-1)
-	for range maxCAS {
-		live, life, err := s.twoLeases(ctx, r.Lease, r.Lease+grace, start)
-		if err != nil {
-			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
-		}
-		resp, err := s.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.CreateRevision(k.holder()), "=", 0),
-		).Then(
-			clientv3.OpPut(k.holder(), encodeRecord(stateStarted, r.Token, fresh, nil), clientv3.WithLease(life)),
-			clientv3.OpPut(k.live(), liveValue(r.Lease), clientv3.WithLease(live)),
-			clientv3.OpPut(k.started(), "", clientv3.WithLease(life)),
-		).Else(k.readMeta()).Commit()
-		if isLeaseNotFound(err) {
-			s.leases.forget(live, life)
-			continue
-		}
-		if err != nil {
-			return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
+	for attempt := range maxCAS {
+		var live, life clientv3.LeaseID
+		var resp *clientv3.TxnResponse
+		if attempt == 0 && first != nil {
+			live, life, resp = first.live, first.life, first.resp
+		} else {
+			if !more() {
+				return idempotency.ClaimResult{}, errMore
+			}
+			var err error
+			live, life, err = s.twoLeases(ctx, r.Lease, r.Lease+grace, start)
+			if err != nil {
+				return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
+			}
+			cmp, then, orElse := claimTxn(k, r, live, life)
+			resp, err = s.client.Txn(ctx).If(cmp).Then(then...).Else(orElse).Commit()
+			if isLeaseNotFound(err) {
+				s.leases.forget(live, life)
+				continue
+			}
+			if err != nil {
+				return idempotency.ClaimResult{}, s.wrap(ctx, "claim", err)
+			}
 		}
 		if resp.Succeeded {
 			s.holders.put(r.Key, r.Token, holderState{hRev: resp.Header.Revision, lease: life, meta: fresh, known: true})
@@ -279,6 +331,9 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 			result := make([]byte, len(rec.result))
 			copy(result, rec.result)
 			return idempotency.ClaimResult{Outcome: idempotency.OutcomeReplay, Fence: rec.fence(), Attempt: rec.meta.attempt, Result: result}, nil
+		}
+		if !more() {
+			return idempotency.ClaimResult{}, errMore
 		}
 		if rec.token != r.Token && rec.live != nil {
 			left, err := s.timeLeft(ctx, rec.live)
@@ -485,29 +540,52 @@ func (s *Store) reread(op, key string, token idempotency.Token, k recordKeys, re
 // the revision written, or done for a record already COMPLETED under token
 // (which only Complete accepts), or ErrLeaseLost. ops may ask for leases,
 // and return leases to forget if the server no longer has them.
-func (s *Store) holderWrite(ctx context.Context, op, key string, token idempotency.Token, ops func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error)) (st holderState, rev int64, done bool, err error) {
+func (s *Store) holderWrite(ctx context.Context, op, key string, token idempotency.Token, ops holderOps) (st holderState, rev int64, done bool, err error) {
 	k := s.keys(key)
 	if st, done, err = s.known(ctx, op, key, token, k); err != nil || done {
 		return st, 0, done, err
 	}
-	for range maxCAS {
-		then, leases, err := ops(st)
-		if err != nil {
-			return st, 0, false, err
-		}
-		resp, err := s.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.ModRevision(k.holder()), "=", st.hRev),
-		).Then(then...).Else(k.readMeta(), k.readCheckpointNames()).Commit()
-		if isLeaseNotFound(err) {
-			s.leases.forget(leases...)
-			continue
-		}
-		if err != nil {
-			return st, 0, false, err
+	return s.holderWriteFrom(ctx, op, key, token, k, st, ops, nil)
+}
+
+// holderOps builds a holder's write from what the store remembers of the
+// record; it may ask for leases, and returns those to forget if the server
+// no longer has them.
+type holderOps func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error)
+
+// holderTxn is the transaction of a holder's write from st: the compare
+// that the record is unchanged since, and the reads made instead when it
+// changed.
+func holderTxn(k recordKeys, st holderState) (clientv3.Cmp, []clientv3.Op) {
+	return clientv3.Compare(clientv3.ModRevision(k.holder()), "=", st.hRev), []clientv3.Op{k.readMeta(), k.readCheckpointNames()}
+}
+
+// holderWriteFrom is [Store.holderWrite] from st, what the store remembers
+// of the record; first, when not nil, is the answer of the first
+// transaction, holderTxn(k, st) with ops(st), sent already by a batch.
+func (s *Store) holderWriteFrom(ctx context.Context, op, key string, token idempotency.Token, k recordKeys, st holderState, ops holderOps, first *clientv3.TxnResponse) (holderState, int64, bool, error) {
+	for attempt := range maxCAS {
+		resp := first
+		if attempt > 0 || first == nil {
+			then, leases, err := ops(st)
+			if err != nil {
+				return st, 0, false, err
+			}
+			cmp, orElse := holderTxn(k, st)
+			resp, err = s.client.Txn(ctx).If(cmp).Then(then...).Else(orElse...).Commit()
+			if isLeaseNotFound(err) {
+				s.leases.forget(leases...)
+				continue
+			}
+			if err != nil {
+				return st, 0, false, err
+			}
 		}
 		if resp.Succeeded {
 			return st, resp.Header.Revision, false, nil
 		}
+		var done bool
+		var err error
 		if st, done, err = s.reread(op, key, token, k, resp); err != nil || done {
 			return st, 0, done, err
 		}
@@ -606,15 +684,29 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.checkCompletion(result, retention); err != nil {
+		return err
+	}
+	_, _, _, err := s.holderWrite(ctx, "complete", key, token, s.completeOps(ctx, s.keys(key), token, result, retention, time.Now()))
+	return s.completed(ctx, key, token, err)
+}
+
+// checkCompletion refuses a completion before anything is sent.
+func (s *Store) checkCompletion(result []byte, retention time.Duration) error {
 	if len(result) > s.maxValue {
 		return fmt.Errorf("%w: etcd: result of %d bytes, above MaxValueSize %d", idempotency.ErrTooLarge, len(result), s.maxValue)
 	}
 	if retention <= 0 {
 		return fmt.Errorf("%w: etcd: retention %v is not positive", idempotency.ErrInvalidArgument, retention)
 	}
-	start := time.Now()
-	k := s.keys(key)
-	_, _, _, err := s.holderWrite(ctx, "complete", key, token, func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error) {
+	return nil
+}
+
+// completeOps builds a completion, begun at start: the record rewritten as
+// COMPLETED with result, on a lease of retention, and its checkpoints
+// deleted.
+func (s *Store) completeOps(ctx context.Context, k recordKeys, token idempotency.Token, result []byte, retention time.Duration, start time.Time) holderOps {
+	return func(st holderState) ([]clientv3.Op, []clientv3.LeaseID, error) {
 		keep, err := s.leases.get(ctx, retention, start)
 		if err != nil {
 			return nil, nil, err
@@ -629,7 +721,11 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 			ops = append(ops, clientv3.OpDelete(k.cpStart(), clientv3.WithRange(k.cpEnd())))
 		}
 		return ops, []clientv3.LeaseID{keep}, nil
-	})
+	}
+}
+
+// completed is the end of a completion whose write returned err.
+func (s *Store) completed(ctx context.Context, key string, token idempotency.Token, err error) error {
 	s.holders.drop(key, token)
 	if err != nil {
 		return s.fail(ctx, "complete", err)
@@ -644,18 +740,24 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	k := s.keys(key)
-	resp, err := s.client.Txn(ctx).If(
-		heldBy(k, stateStarted, token)...,
-	).Then(
-		clientv3.OpDelete(k.base, clientv3.WithRange(k.allEnd())),
-		clientv3.OpDelete(k.started()),
-	).Else(
-		clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.holder()), "=", 0)}, nil, nil),
-	).Commit()
+	cmps, then, orElse := releaseTxn(s.keys(key), token)
+	resp, err := s.client.Txn(ctx).If(cmps...).Then(then...).Else(orElse).Commit()
 	if err != nil {
 		return s.wrap(ctx, "release", err)
 	}
+	return s.released(key, token, resp)
+}
+
+// releaseTxn is the transaction of a release: delete every key of the
+// record if it is STARTED under token, else check whether it is absent.
+func releaseTxn(k recordKeys, token idempotency.Token) ([]clientv3.Cmp, []clientv3.Op, clientv3.Op) {
+	return heldBy(k, stateStarted, token),
+		[]clientv3.Op{clientv3.OpDelete(k.base, clientv3.WithRange(k.allEnd())), clientv3.OpDelete(k.started())},
+		clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.holder()), "=", 0)}, nil, nil)
+}
+
+// released judges the answer of a release's transaction.
+func (s *Store) released(key string, token idempotency.Token, resp *clientv3.TxnResponse) error {
 	s.holders.drop(key, token)
 	if resp.Succeeded || resp.Responses[0].GetResponseTxn().Succeeded {
 		return nil

@@ -12,7 +12,6 @@ import (
 	"github.com/exactlyonce/idempotency"
 	idemetcd "github.com/exactlyonce/idempotency/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -219,15 +218,7 @@ func (c *counter) intercept(ctx context.Context, method string, req, reply any, 
 func countingClient(t *testing.T) (*clientv3.Client, *counter) {
 	t.Helper()
 	var n counter
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints: endpoints(t), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(n.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c, &n
+	return interceptedClient(t, n.intercept), &n
 }
 
 // TestRoundTrips counts the round trips of Do: a fresh one makes 2 (claim

@@ -13,7 +13,7 @@ type pipeliner interface {
 }
 
 // canWait reports whether the store can reach, for any key, a single
-// connection to the node that owns it, as WAIT needs.
+// connection to the node that owns it, as WAIT and batches need.
 func canWait(c Client) bool {
 	switch c.(type) {
 	case *goredis.ClusterClient, *goredis.Ring:
@@ -40,6 +40,23 @@ func (s *Store) node(ctx context.Context, key string) (pipeliner, error) {
 	return nil, fmt.Errorf("redis: cannot WAIT with a %T", s.client)
 }
 
+// A scriptCall is one script to run on keys (which share a hash tag; the
+// first one routes the call) with args. A write is followed by a WAIT for
+// replicas when they are required.
+type scriptCall struct {
+	sc    *goredis.Script
+	keys  []string
+	args  []any
+	write bool
+}
+
+// call runs c with [Store.run].
+func (s *Store) call(ctx context.Context, c scriptCall) (ran, error) {
+	return do(s, ctx, c.keys[0], func(ctx context.Context) (ran, error) {
+		return s.runNow(ctx, c.sc, c.keys, c.write, c.args)
+	})
+}
+
 // run runs sc on keys (which share a hash tag; the first one routes the
 // call), through [do], so that it ends when ctx does or when a dial for it
 // fails. Scripts go through EVALSHA, and through EVAL after a
@@ -48,18 +65,20 @@ func (s *Store) node(ctx context.Context, key string) (pipeliner, error) {
 // replicas are required, the script and a WAIT are pipelined on one
 // connection to the key's node, and the WAIT's reply is returned.
 func (s *Store) run(ctx context.Context, sc *goredis.Script, keys []string, write bool, args ...any) (any, *goredis.IntCmd, error) {
-	r, err := do(s, ctx, keys[0], func(ctx context.Context) (ran, error) {
-		return s.runNow(ctx, sc, keys, write, args)
-	})
+	r, err := s.call(ctx, scriptCall{sc: sc, keys: keys, args: args, write: write})
 	return r.v, r.wait, err
 }
 
-// ran is what runNow returns.
+// ran is what runNow returns: the script's reply, and the WAIT pipelined
+// after it, if any.
 type ran struct {
 	v    any
 	wait *goredis.IntCmd
 }
 
+// runNow runs one script call: through the client's own EVALSHA-then-EVAL
+// ([goredis.Script.Run]), or, when it is a write and replicas are
+// required, as a pipeline of one on its node, followed by the WAIT.
 func (s *Store) runNow(ctx context.Context, sc *goredis.Script, keys []string, write bool, args []any) (ran, error) {
 	if !write || s.replicas == 0 {
 		v, err := sc.Run(ctx, s.client, keys, args...).Result()
@@ -69,23 +88,8 @@ func (s *Store) runNow(ctx context.Context, sc *goredis.Script, keys []string, w
 	if err != nil {
 		return ran{}, err
 	}
-	for attempt := 0; ; attempt++ {
-		pipe := node.Pipeline()
-		var cmd *goredis.Cmd
-		if attempt == 0 {
-			cmd = sc.EvalSha(ctx, pipe, keys, args...)
-		} else {
-			cmd = sc.Eval(ctx, pipe, keys, args...)
-		}
-		wait := goredis.NewIntCmd(ctx, "wait", s.replicas, s.replicaTimeout.Milliseconds())
-		_ = pipe.Process(ctx, wait)
-		_, _ = pipe.Exec(ctx) // errors are read from each command
-		if attempt == 0 && goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			continue
-		}
-		v, err := cmd.Result()
-		return ran{v: v, wait: wait}, err
-	}
+	r := s.pipelineNow(ctx, node, []scriptCall{{sc: sc, keys: keys, args: args, write: write}})[0]
+	return r.ran, r.err
 }
 
 // checkWait judges the reply of a WAIT pipelined after a write.

@@ -127,8 +127,8 @@ type Options struct {
 }
 
 // Store is an [idempotency.Store] on Redis. It is safe for concurrent use.
-// It implements [idempotency.Watcher] (effective with [Options.Notify]) and
-// [idempotency.Inspector].
+// It implements [idempotency.Watcher] (effective with [Options.Notify]),
+// [idempotency.Inspector] and [idempotency.Batcher].
 type Store struct {
 	client         Client
 	prefix         string
@@ -167,12 +167,18 @@ var (
 )
 
 // Capabilities reports what the store does beyond the [idempotency.Store]
-// contract: it watches (pub/sub), inspects, and keeps values up to
-// [Options.MaxValueSize]. Redis expires records itself: there is no
-// Sweeper.
+// contract: it watches (pub/sub), inspects, batches (pipelines, see
+// [Store.ClaimBatch]; only on the client types whose nodes it can reach:
+// *redis.Client, *redis.ClusterClient, *redis.Ring, *redis.Conn), and
+// keeps values up to [Options.MaxValueSize]. Redis expires records
+// itself: there is no Sweeper.
 func (s *Store) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Inspector: s,
+	c := idempotency.Capabilities{Watcher: s, Inspector: s,
 		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
+	if canWait(s.client) {
+		c.Batcher = s
+	}
+	return c
 }
 
 // New returns a store on client, which it never closes. opts may be nil.
@@ -352,27 +358,41 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err := ctx.Err(); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	if err := idempotency.ValidateClaim("redis", r); err != nil {
+	c, err := s.claimCall(r)
+	if err != nil {
 		return idempotency.ClaimResult{}, err
+	}
+	return s.claimDone(s.call(ctx, c))
+}
+
+// claimCall is the script call that decides claim r, or r's error.
+func (s *Store) claimCall(r idempotency.ClaimRequest) (scriptCall, error) {
+	if err := idempotency.ValidateClaim("redis", r); err != nil {
+		return scriptCall{}, err
 	}
 	keys, err := s.keys(r.Key)
 	if err != nil {
-		return idempotency.ClaimResult{}, err
+		return scriptCall{}, err
 	}
 	args := []any{encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace), s.retention.Load(), s.fenceMemory}
 	if s.clockSkew != 0 {
 		args = append(args, s.clockSkew)
 	}
-	v, waited, err := s.run(ctx, claimScript, keys, true, args...)
+	return scriptCall{sc: claimScript, keys: keys, args: args, write: true}, nil
+}
+
+// claimDone reads the reply of a claim's script; an acquisition also
+// needs the replicas' acknowledgment when they are required.
+func (s *Store) claimDone(r ran, err error) (idempotency.ClaimResult, error) {
 	if err != nil {
 		return idempotency.ClaimResult{}, s.wrap("claim", err)
 	}
-	res, err := decodeClaim(v)
+	res, err := decodeClaim(r.v)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	if res.Outcome == idempotency.OutcomeAcquired {
-		if err := s.checkWait(waited); err != nil {
+		if err := s.checkWait(r.wait); err != nil {
 			return idempotency.ClaimResult{}, fmt.Errorf("redis: claim: %w", err)
 		}
 	}
@@ -416,11 +436,22 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	c, err := s.completeCall(key, token, result, retention)
+	if err != nil {
+		return err
+	}
+	r, err := s.call(ctx, c)
+	return s.completeDone(millis(retention), r, err)
+}
+
+// completeCall is the script call that completes the record under key
+// held under token, or the completion's error.
+func (s *Store) completeCall(key string, token idempotency.Token, result []byte, retention time.Duration) (scriptCall, error) {
 	if len(result) > s.maxValue {
-		return fmt.Errorf("%w: redis: result of %d bytes, limit %d", idempotency.ErrTooLarge, len(result), s.maxValue)
+		return scriptCall{}, fmt.Errorf("%w: redis: result of %d bytes, limit %d", idempotency.ErrTooLarge, len(result), s.maxValue)
 	}
 	if retention <= 0 {
-		return fmt.Errorf("%w: redis: retention %v", idempotency.ErrInvalidArgument, retention)
+		return scriptCall{}, fmt.Errorf("%w: redis: retention %v", idempotency.ErrInvalidArgument, retention)
 	}
 	touch := "0"
 	if s.replicas > 0 {
@@ -428,17 +459,23 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 	}
 	keys, err := s.keys(key)
 	if err != nil {
-		return err
+		return scriptCall{}, err
 	}
-	ms := millis(retention)
-	v, waited, err := s.run(ctx, completeScript, keys, true, string(token), result, ms, touch, s.notify, s.fenceMemory)
-	if err := s.done("complete", v, err); err != nil {
+	return scriptCall{sc: completeScript, keys: keys, write: true,
+		args: []any{string(token), result, millis(retention), touch, s.notify, s.fenceMemory}}, nil
+}
+
+// completeDone reads the reply of a completion's script, of a retention
+// of ms milliseconds, and the replicas' acknowledgment when they are
+// required.
+func (s *Store) completeDone(ms int64, r ran, err error) error {
+	if err := s.done("complete", r.v, err); err != nil {
 		return err
 	}
 	if s.retention.Load() != ms {
 		s.retention.Store(ms)
 	}
-	if err := s.checkWait(waited); err != nil {
+	if err := s.checkWait(r.wait); err != nil {
 		return fmt.Errorf("redis: complete: %w", err)
 	}
 	return nil
@@ -449,12 +486,22 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	keys, err := s.keys(key)
+	c, err := s.releaseCall(key, token)
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, releaseScript, keys[:1], false, string(token), s.notify)
-	return s.done("release", v, err)
+	r, err := s.call(ctx, c)
+	return s.done("release", r.v, err)
+}
+
+// releaseCall is the script call that releases the record under key held
+// under token.
+func (s *Store) releaseCall(key string, token idempotency.Token) (scriptCall, error) {
+	keys, err := s.keys(key)
+	if err != nil {
+		return scriptCall{}, err
+	}
+	return scriptCall{sc: releaseScript, keys: keys[:1], args: []any{string(token), s.notify}}, nil
 }
 
 // done turns the 1/0 reply of a write under a lease into an error.

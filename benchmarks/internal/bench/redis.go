@@ -38,6 +38,11 @@ func RedisClient(addr string, trips *atomic.Int64) (*goredis.Client, error) {
 	return c, nil
 }
 
+// RedisHook counts a client's round trips to Redis in trips: every
+// command, and every pipeline as one (add it to each node's client of a
+// cluster to count a pipeline per node).
+func RedisHook(trips *atomic.Int64) goredis.Hook { return (*redisHook)(trips) }
+
 // UnlinkPrefix deletes every key of c's server that starts with prefix,
 // SCANning in batches of 1000 and UNLINKing each batch in one pipeline.
 func UnlinkPrefix(ctx context.Context, c *goredis.Client, prefix string) error {
