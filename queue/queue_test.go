@@ -57,7 +57,7 @@ func TestEnqueueRefusesBadInput(t *testing.T) {
 		{"credentials in URL", raw("POST", "http://u:p@example.test/x"), "credentials"},
 		{"no URL", &http.Request{Method: "POST", Header: http.Header{}}, "no URL"},
 		{"a stream body", stream(), "cannot be read again"},
-		{"its own key", keyed(), "already has a Idempotency-Key"},
+		{"its own key", keyed(), "already has its own Idempotency-Key"},
 		{"too large", big(), "limit"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -45,7 +45,7 @@ func (q *Queue) prepareRequest(req *http.Request) (*head, *body, error) {
 		return nil, nil, err
 	}
 	if len(req.Header.Values(c.keyHeader)) > 0 {
-		return nil, nil, invalidArg("the request already has a %s header: Enqueue makes the key", c.keyHeader)
+		return nil, nil, invalidArg("the request already has its own %s header: Enqueue makes the key", c.keyHeader)
 	}
 	if len(req.Trailer) > 0 {
 		return nil, nil, invalidArg("the request has trailers, which the queue does not store")
