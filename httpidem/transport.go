@@ -284,7 +284,7 @@ func (c *clientConfig) answer(resp *http.Response, err error, sent time.Time) ed
 	}
 	a := edge.Answer{Retry: c.retryable(resp)}
 	if c.expiresHeader != "" {
-		a.Expires = expiresAt(resp.Header.Get(c.expiresHeader), sent)
+		a.Expires = edge.KeyExpiry(resp.Header.Get(c.expiresHeader), resp.Header.Get("Date"), sent, c.now())
 	}
 	if !a.Retry {
 		return a
@@ -352,21 +352,6 @@ func (c *clientConfig) retryable(resp *http.Response) bool {
 	}
 	s := resp.StatusCode
 	return s >= 500 || s == http.StatusTooManyRequests || s == http.StatusConflict
-}
-
-// expiresAt parses an expiry header, an HTTP-date; zero for none, or for
-// a value that is malformed or absurd: earlier than the attempt that got
-// it was sent (the server has just answered for the key), or more than
-// ten years ahead. An expiry only ever stops retries sooner.
-func expiresAt(v string, sent time.Time) time.Time {
-	if v == "" {
-		return time.Time{}
-	}
-	t, err := http.ParseTime(v)
-	if err != nil || t.Before(sent.Truncate(time.Second)) || t.After(sent.AddDate(10, 0, 0)) {
-		return time.Time{}
-	}
-	return t
 }
 
 // leaseLeft parses a [LeaseHeader] value, delay-seconds; 0 for none, or

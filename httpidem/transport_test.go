@@ -654,43 +654,54 @@ func TestTransportAutoKey(t *testing.T) {
 	}
 }
 
-// expiryServer answers 503 with the expiry header set to expires.
+// expiryServer answers 503 with the expiry header set to expires, and a
+// Date from its own clock: the client's fake clock plus skew.
 type expiryServer struct {
 	expires  string
+	clock    *fakeTime
+	skew     time.Duration
 	attempts atomic.Int64
 }
 
 func (s *expiryServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.attempts.Add(1)
+	w.Header().Set("Date", s.clock.Now().Add(s.skew).Format(http.TimeFormat))
 	w.Header().Set("Idempotency-Key-Expires", s.expires)
 	w.Header().Set("Retry-After", "10")
 	w.WriteHeader(http.StatusServiceUnavailable)
 }
 
 // The Transport stops retrying, with ErrKeyExpired, once the key's
-// advertised expiry has passed or would pass before the next attempt; a
-// malformed or absurd expiry is ignored (the plain budget applies), and
-// never makes it retry longer.
+// advertised expiry has passed or would pass before the next attempt,
+// judged by the server's clock (the response's Date), whichever way the
+// client's clock is off; a malformed or absurd expiry is ignored (the
+// plain budget applies), and never makes it retry longer.
 func TestTransportStopsAtTheKeysExpiry(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) func(time.Time) string {
+		return func(server time.Time) string { return server.Add(d).Format(http.TimeFormat) }
+	}
 	for _, tc := range []struct {
 		name     string
-		expires  string
+		skew     time.Duration // the server's clock minus the client's
+		expires  func(server time.Time) string
 		attempts int64
 		expired  bool
 	}{
-		{"expires before the next attempt", start.Add(5 * time.Second).Format(http.TimeFormat), 1, true},
-		{"expires after two retries", start.Add(25 * time.Second).Format(http.TimeFormat), 3, true},
-		{"far ahead", start.Add(24 * time.Hour).Format(http.TimeFormat), 4, false},
-		{"malformed", "tomorrow", 4, false},
-		{"in the past (absurd)", start.Add(-time.Hour).Format(http.TimeFormat), 4, false},
-		{"centuries ahead (absurd)", "Fri, 01 Jan 2500 00:00:00 GMT", 4, false},
+		{"expires before the next attempt", 0, at(5 * time.Second), 1, true},
+		{"expires after two retries", 0, at(25 * time.Second), 3, true},
+		{"expires after two retries, the server's clock an hour ahead", time.Hour, at(25 * time.Second), 3, true},
+		{"expires after two retries, the server's clock an hour behind", -time.Hour, at(25 * time.Second), 3, true},
+		{"far ahead", 0, at(24 * time.Hour), 4, false},
+		{"malformed", 0, func(time.Time) string { return "tomorrow" }, 4, false},
+		{"in the past (absurd)", 0, at(-time.Hour), 4, false},
+		{"centuries ahead (absurd)", 0, func(time.Time) string { return "Fri, 01 Jan 2500 00:00:00 GMT" }, 4, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &expiryServer{expires: tc.expires}
+			clock := newFakeTime()
+			s := &expiryServer{expires: tc.expires(start.Add(tc.skew)), clock: clock, skew: tc.skew}
 			srv := httptest.NewServer(s)
 			defer srv.Close()
-			clock := newFakeTime()
 			// 4 attempts, each 10 s apart (Retry-After), within 30 s.
 			tr := clock.transport(t, httpidem.WithMaxAttempts(4))
 			req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))

@@ -415,15 +415,14 @@ func (q *Queue) send(ctx context.Context, key string, it *Item) (*Response, bool
 	return r, true, nil
 }
 
-// noteExpiry keeps the key's expiry that resp advertises, mapped to this
-// machine's clock by the response's Date (both are the server's clock).
+// noteExpiry keeps the key's expiry that resp advertises (see
+// edge.KeyExpiry: mapped to this machine's clock by the response's Date,
+// both the server's clock; a malformed or absurd value is ignored).
 func (q *Queue) noteExpiry(e *entry, resp *Response) {
-	t, err := http.ParseTime(resp.Header.Get(q.cfg.expiresHeader))
-	if err != nil {
+	now := q.cfg.now()
+	t := edge.KeyExpiry(resp.Header.Get(q.cfg.expiresHeader), resp.Header.Get("Date"), now, now)
+	if t.IsZero() {
 		return
-	}
-	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-		t = t.Add(q.cfg.now().Sub(date))
 	}
 	q.mu.Lock()
 	e.st.expires = t

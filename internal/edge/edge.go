@@ -113,6 +113,37 @@ func RetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
+// KeyExpiry reads a key's advertised expiry from a response: expires,
+// the value of the expiry header (an HTTP-date, the server's clock), is
+// mapped to this machine's clock by the response's Date (the server's
+// clock too) received at now; without a Date it is taken as it is, and
+// must not be earlier than sent, when the attempt was sent. It returns
+// the zero time (no expiry) for an empty, malformed or absurd value:
+// earlier than the server's Date (the server has just answered for the
+// key) or more than ten years ahead. An expiry only ever stops retries
+// sooner, so a value not trusted is one ignored.
+func KeyExpiry(expires, date string, sent, now time.Time) time.Time {
+	if expires == "" {
+		return time.Time{}
+	}
+	t, err := http.ParseTime(expires)
+	if err != nil {
+		return time.Time{}
+	}
+	if d, err := http.ParseTime(date); err == nil {
+		if t.Before(d) {
+			return time.Time{}
+		}
+		t = t.Add(now.Sub(d))
+	} else if t.Before(sent.Truncate(time.Second)) {
+		return time.Time{}
+	}
+	if t.After(now.AddDate(10, 0, 0)) {
+		return time.Time{}
+	}
+	return t
+}
+
 // ValidToken reports whether s is an RFC 9110 token: a header name, a
 // method.
 func ValidToken(s string) bool {
