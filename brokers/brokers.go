@@ -102,13 +102,15 @@ const (
 )
 
 // withDefaults returns a copy of o with its defaults, or an error naming
-// the option that cannot be.
-func (o *Options) withDefaults() (Options, error) {
+// the option that cannot be, or the nil handler h of the function fn.
+func (o *Options) withDefaults(fn string, h BatchHandler) (Options, error) {
 	var c Options
 	if o != nil {
 		c = *o
 	}
 	switch {
+	case h == nil:
+		return c, fmt.Errorf("%w: brokers: %s: nil handler", idempotency.ErrInvalidArgument, fn)
 	case c.Batch < 0:
 		return c, fmt.Errorf("%w: brokers: Options.Batch %d is negative", idempotency.ErrInvalidArgument, c.Batch)
 	case c.MaxWait < 0:

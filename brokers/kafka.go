@@ -48,15 +48,13 @@ const KafkaIDHeader = "ce_id"
 // autocommit commits records before they are handled and a crash would
 // then lose them.
 func ConsumeKafka(ctx context.Context, cl *kgo.Client, h BatchHandler, opts *Options) error {
-	o, err := opts.withDefaults()
+	o, err := opts.withDefaults("ConsumeKafka", h)
 	if err != nil {
 		return err
 	}
 	switch {
 	case cl == nil:
 		return fmt.Errorf("%w: brokers: ConsumeKafka: nil client", idempotency.ErrInvalidArgument)
-	case h == nil:
-		return fmt.Errorf("%w: brokers: ConsumeKafka: nil handler", idempotency.ErrInvalidArgument)
 	case cl.OptValue(kgo.ConsumerGroup) == "":
 		return fmt.Errorf("%w: brokers: ConsumeKafka: the client is not a group consumer (kgo.ConsumerGroup)", idempotency.ErrInvalidArgument)
 	case cl.OptValue(kgo.DisableAutoCommit) != true:

@@ -32,15 +32,12 @@ import (
 // Give c an AckWait longer than a batch takes to handle, and a MaxDeliver
 // of -1 (unlimited) or large enough for the retries you allow.
 func ConsumeNATS(ctx context.Context, c jetstream.Consumer, h BatchHandler, opts *Options) error {
-	o, err := opts.withDefaults()
+	o, err := opts.withDefaults("ConsumeNATS", h)
 	if err != nil {
 		return err
 	}
-	switch {
-	case c == nil:
+	if c == nil {
 		return fmt.Errorf("%w: brokers: ConsumeNATS: nil consumer", idempotency.ErrInvalidArgument)
-	case h == nil:
-		return fmt.Errorf("%w: brokers: ConsumeNATS: nil handler", idempotency.ErrInvalidArgument)
 	}
 	for {
 		if err := ctx.Err(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/exactlyonce/idempotency"
@@ -45,6 +46,7 @@ func TestRefusedConfiguration(t *testing.T) {
 		{"nil NATS consumer", "nil consumer", func() error { return brokers.ConsumeNATS(ctx, nil, h, nil) }},
 		{"nil Kafka client", "nil client", func() error { return brokers.ConsumeKafka(ctx, nil, h, nil) }},
 		{"nil RabbitMQ channel", "nil channel", func() error { return brokers.ConsumeRabbitMQ(ctx, nil, "q", h, nil) }},
+		{"RabbitMQ without a queue", "empty queue name", func() error { return brokers.ConsumeRabbitMQ(ctx, &amqp.Channel{}, "", h, nil) }},
 		{"nil handler", "nil handler", func() error { return brokers.ConsumeKafka(ctx, group, nil, nil) }},
 		{"Kafka autocommit", "kgo.DisableAutoCommit", func() error { return brokers.ConsumeKafka(ctx, group, h, nil) }},
 		{"Kafka without a group", "kgo.ConsumerGroup", func() error { return brokers.ConsumeKafka(ctx, plain, h, nil) }},

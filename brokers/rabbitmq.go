@@ -34,15 +34,16 @@ import (
 // prefetch bounds. Each round costs one batch of store calls (two round
 // trips with a batching store), not a call per message.
 func ConsumeRabbitMQ(ctx context.Context, ch *amqp.Channel, queue string, h BatchHandler, opts *Options) error {
-	o, err := opts.withDefaults()
+	o, err := opts.withDefaults("ConsumeRabbitMQ", h)
 	if err != nil {
 		return err
 	}
 	switch {
 	case ch == nil:
 		return fmt.Errorf("%w: brokers: ConsumeRabbitMQ: nil channel", idempotency.ErrInvalidArgument)
-	case h == nil:
-		return fmt.Errorf("%w: brokers: ConsumeRabbitMQ: nil handler", idempotency.ErrInvalidArgument)
+	case queue == "":
+		// basic.consume would take the channel's last declared queue.
+		return fmt.Errorf("%w: brokers: ConsumeRabbitMQ: empty queue name", idempotency.ErrInvalidArgument)
 	}
 	if o.Source == "" {
 		o.Source = queue
