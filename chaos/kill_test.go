@@ -2,7 +2,6 @@ package chaos_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,9 +9,7 @@ import (
 	"io"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,10 +80,10 @@ type killBackend struct {
 }
 
 func TestProcessKill(t *testing.T) {
-	pgURL, redisAddr := killEnv(t, "IDEM_POSTGRES_URL"), killEnv(t, "IDEM_REDIS_ADDR")
+	pgURL, redisAddr := chaos.ServerEnv(t, "IDEM_POSTGRES_URL"), chaos.ServerEnv(t, "IDEM_REDIS_ADDR")
 	bin := killBuild(t)
 	ctx := context.Background()
-	pool := killPool(t, pgURL)
+	pool := chaos.Pool(t, pgURL)
 	rdb := goredis.NewClient(&goredis.Options{Addr: redisAddr, PoolSize: 2})
 	t.Cleanup(func() { rdb.Close() })
 	run := fmt.Sprintf("chaoskill_%d_%08x", os.Getpid(), rand.Uint32())
@@ -145,7 +142,7 @@ func TestProcessKill(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				t.Cleanup(func() { killDeleteRedisKeys(t, rdb, prefix) })
+				t.Cleanup(func() { chaos.DeleteRedisKeys(t, rdb, prefix) })
 				store = s
 				b.args = []string{"-prefix", prefix, "-redis", redisAddr}
 				b.label = "redis (Do)"
@@ -461,7 +458,7 @@ type killProc struct {
 	cmd      *exec.Cmd
 	addr     string
 	started  time.Time // listening
-	stderr   *killBuffer
+	stderr   *chaos.Buffer
 	exited   chan struct{} // closed once the process is reaped
 	err      error         // of Wait, once exited
 	killOnce sync.Once
@@ -489,7 +486,7 @@ func killStart(t *testing.T, bin string, args []string, addr string, pl *killPla
 }
 
 func killTryStart(t *testing.T, bin string, args []string, addr string, pl *killPlan) (*killProc, error) {
-	p := &killProc{stderr: &killBuffer{}, exited: make(chan struct{})}
+	p := &killProc{stderr: &chaos.Buffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, append(args[:len(args):len(args)], "-addr", addr)...)
 	p.cmd.Stderr = p.stderr
 	stdin, err := p.cmd.StdinPipe()
@@ -569,27 +566,6 @@ func (p *killProc) stop() {
 	}
 }
 
-// killBuffer is the child's stderr, kept to show when it dies on its own.
-type killBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *killBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.b.Len() > 1<<20 {
-		return len(p), nil
-	}
-	return s.b.Write(p)
-}
-
-func (s *killBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A killCharge is one ledger row.
 type killCharge struct {
 	id     int64
@@ -620,27 +596,6 @@ func killLedgerRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ledge
 	return out
 }
 
-// killEnv returns the variable that points the tests at a server; the
-// trials need it, so a missing one fails. Everything stays on loopback.
-func killEnv(t *testing.T, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		t.Fatalf("%s is not set: the chaos trials need the real server (`make test` starts one; or source the servers' env)", name)
-	}
-	host := v
-	if u, err := url.Parse(v); err == nil && u.Host != "" {
-		host = u.Host
-	}
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		t.Fatalf("%s=%q: the chaos trials keep all traffic on loopback", name, v)
-	}
-	return v
-}
-
 // killBuild builds internal/paysvc once for the test.
 func killBuild(t *testing.T) string {
 	t.Helper()
@@ -654,26 +609,6 @@ func killBuild(t *testing.T) string {
 	return bin
 }
 
-func killPool(t *testing.T, url string) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 3
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(ctx); err != nil {
-		t.Fatalf("IDEM_POSTGRES_URL: %v", err)
-	}
-	return pool
-}
-
 // killCreateLedger creates the gateway's tables: the ledger of charges (no
 // unique constraint on the intent: a second charge would be a second row)
 // and the fence seen last per intent.
@@ -682,8 +617,8 @@ func killCreateLedger(t *testing.T, pool *pgxpool.Pool, ledger string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	l, f := pgx.Identifier{ledger}.Sanitize(), pgx.Identifier{ledger + "_fences"}.Sanitize()
-	killDropLater(t, pool, ledger)
-	killDropLater(t, pool, ledger+"_fences")
+	chaos.DropTableLater(t, pool, ledger)
+	chaos.DropTableLater(t, pool, ledger+"_fences")
 	for _, q := range []string{
 		`CREATE TABLE ` + l + ` (id bigserial PRIMARY KEY, intent text NOT NULL,
 			downstream_key text NOT NULL, fence bigint NOT NULL, dedups int NOT NULL DEFAULT 0)`,
@@ -704,45 +639,11 @@ func killPGStore(t *testing.T, pool *pgxpool.Pool, table string) *postgres.Store
 	if err != nil {
 		t.Fatal(err)
 	}
-	killDropLater(t, pool, table)
+	chaos.DropTableLater(t, pool, table)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return s
-}
-
-func killDropLater(t *testing.T, pool *pgxpool.Pool, table string) {
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{table}.Sanitize()); err != nil {
-			t.Errorf("dropping %s: %v", table, err)
-		}
-	})
-}
-
-// killDeleteRedisKeys deletes the run's keys (they would expire after the
-// retention anyway). Bounded: at most 1000 SCAN pages.
-func killDeleteRedisKeys(t *testing.T, rdb *goredis.Client, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var cursor uint64
-	for range 1000 {
-		keys, next, err := rdb.Scan(ctx, cursor, prefix+"*", 1000).Result()
-		if err != nil {
-			t.Errorf("deleting the run's Redis keys: %v", err)
-			return
-		}
-		if len(keys) > 0 {
-			if err := rdb.Unlink(ctx, keys...).Err(); err != nil {
-				t.Errorf("deleting the run's Redis keys: %v", err)
-				return
-			}
-		}
-		if cursor = next; cursor == 0 {
-			return
-		}
-	}
 }

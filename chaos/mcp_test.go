@@ -24,6 +24,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/chaos"
 	"github.com/exactlyonce/idempotency/mcpidem"
 	idempg "github.com/exactlyonce/idempotency/store/postgres"
 )
@@ -32,9 +33,9 @@ import (
 var mcpScope = []string{"chaos", "tools/call charge"}
 
 func TestMCPProcessKill(t *testing.T) {
-	pgURL := killEnv(t, "IDEM_POSTGRES_URL")
+	pgURL := chaos.ServerEnv(t, "IDEM_POSTGRES_URL")
 	bin := killBuild(t)
-	pool := killPool(t, pgURL)
+	pool := chaos.Pool(t, pgURL)
 	run := fmt.Sprintf("chaosmcp_%d_%08x", os.Getpid(), rand.Uint32())
 
 	// The control: without the gateway's de-duplication by downstream key,

@@ -86,3 +86,66 @@ func TestInboxTx(t *testing.T) {
 		t.Fatalf("nil inbox: %v", err)
 	}
 }
+
+// TestInboxBatchTx: a batch's effects and inbox records commit together;
+// a message whose handler fails transiently loses its writes only and is
+// Retry, the others Ack; the batch delivered again is all duplicates but
+// the failed one, which is then applied; a duplicate inside one batch is
+// applied once; a configuration mistake makes every message Retry (never
+// dead-lettered) and writes nothing.
+func TestInboxBatchTx(t *testing.T) {
+	e := newTxEnv(t, nil)
+	in, err := inbox.New(e.runner, "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []inbox.Message{{Source: "payments", ID: "b-1"}, {Source: "payments", ID: "b-2"}, {Source: "payments", ID: "b-1"}, {Source: "payments", ID: "b-3"}}
+	failing := map[string]bool{"b-2": true}
+	handle := func(ctx context.Context, tx pgx.Tx, i int) error {
+		if _, err := e.insertEffect(msgs[i].ID)(ctx, tx); err != nil {
+			return err
+		}
+		if failing[msgs[i].ID] {
+			return errors.New("downstream refused")
+		}
+		return nil
+	}
+	ds := postgres.InboxBatchTx(t.Context(), in, e.pool, msgs, handle)
+	want := []struct {
+		disp inbox.Disposition
+		dup  bool
+	}{{inbox.Ack, false}, {inbox.Retry, false}, {inbox.Ack, true}, {inbox.Ack, false}}
+	for i, d := range ds {
+		if d.Disposition != want[i].disp || d.Duplicate != want[i].dup {
+			t.Errorf("first batch, message %d (%s): %+v; want %v, duplicate %v", i, msgs[i].ID, d, want[i].disp, want[i].dup)
+		}
+	}
+	failing["b-2"] = false
+	for i, d := range postgres.InboxBatchTx(t.Context(), in, e.pool, msgs, handle) {
+		if d.Disposition != inbox.Ack || d.Duplicate != (msgs[i].ID != "b-2") {
+			t.Errorf("second batch, message %d (%s): %+v; want ack, a duplicate but b-2", i, msgs[i].ID, d)
+		}
+	}
+	for _, id := range []string{"b-1", "b-2", "b-3"} {
+		if n := e.effectRows(t, id); n != 1 {
+			t.Errorf("%s: %d effect rows, want 1", id, n)
+		}
+	}
+
+	other := []inbox.Message{{Source: "payments", ID: "b-4"}}
+	for name, ds := range map[string][]inbox.Delivery{
+		"nil inbox":   postgres.InboxBatchTx(t.Context(), nil, e.pool, other, handle),
+		"nil db":      postgres.InboxBatchTx(t.Context(), in, nil, other, handle),
+		"nil handler": postgres.InboxBatchTx(t.Context(), in, e.pool, other, nil),
+	} {
+		if ds[0].Disposition != inbox.Retry || !errors.Is(ds[0].Err, idempotency.ErrInvalidArgument) {
+			t.Errorf("%s: %+v; want Retry with ErrInvalidArgument", name, ds[0])
+		}
+	}
+	if n := e.effectRows(t, "b-4"); n != 0 {
+		t.Errorf("b-4: %d effect rows after refused batches, want 0", n)
+	}
+	if ds := postgres.InboxBatchTx(t.Context(), in, e.pool, nil, handle); len(ds) != 0 {
+		t.Errorf("empty batch: %d deliveries", len(ds))
+	}
+}
