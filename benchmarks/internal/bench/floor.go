@@ -115,9 +115,14 @@ type baseline struct {
 // from callers goroutines each, so that all see the same load, and
 // reports ns/op (do's), NAME-ns/op for each baseline, ratio = the first
 // baseline's time ÷ do's and NAME-ratio for the others, and roundtrips/op
-// of do as counted in trips.
+// of do as counted in trips. It also reports the CPU time this process
+// (the client) spent per call, cpu-ns/op for do and NAME-cpu-ns/op for
+// each baseline: the chunks run one after another, so the process's CPU
+// time over a chunk is that chunk's, and unlike the elapsed time it hardly
+// moves with the load of a shared machine.
 func compare(b *testing.B, callers int, trips *atomic.Int64, do func(g, i int) error, bases ...baseline) {
-	run := func(n, base int, f func(g, i int) error) time.Duration {
+	run := func(n, base int, f func(g, i int) error) (elapsed, cpu time.Duration) {
+		cpu0 := cpuTime()
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		var failed atomic.Pointer[error]
@@ -140,26 +145,32 @@ func compare(b *testing.B, callers int, trips *atomic.Int64, do func(g, i int) e
 		if e := failed.Load(); e != nil {
 			b.Fatal(*e)
 		}
-		return time.Since(start)
+		return time.Since(start), cpuTime() - cpu0
 	}
 	chunk := max(50, 10*callers)
-	var doTime time.Duration
+	var doTime, doCPU time.Duration
 	baseTime := make([]time.Duration, len(bases))
+	baseCPU := make([]time.Duration, len(bases))
 	var doTrips int64
 	b.ResetTimer()
 	for done := 0; done < b.N; done += chunk {
 		n := min(chunk, b.N-done)
 		t0 := trips.Load()
-		doTime += run(n, done, do)
+		elapsed, cpu := run(n, done, do)
+		doTime, doCPU = doTime+elapsed, doCPU+cpu
 		doTrips += trips.Load() - t0
 		for i, base := range bases {
-			baseTime[i] += run(n, done, base.f)
+			elapsed, cpu := run(n, done, base.f)
+			baseTime[i], baseCPU[i] = baseTime[i]+elapsed, baseCPU[i]+cpu
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(doTime.Nanoseconds())/float64(b.N), "ns/op")
+	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	b.ReportMetric(perOp(doTime), "ns/op")
+	b.ReportMetric(perOp(doCPU), "cpu-ns/op")
 	for i, base := range bases {
-		b.ReportMetric(float64(baseTime[i].Nanoseconds())/float64(b.N), base.name+"-ns/op")
+		b.ReportMetric(perOp(baseTime[i]), base.name+"-ns/op")
+		b.ReportMetric(perOp(baseCPU[i]), base.name+"-cpu-ns/op")
 		unit := base.name + "-ratio"
 		if i == 0 {
 			unit = "ratio"
