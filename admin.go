@@ -78,8 +78,14 @@ func (r *Runner) Purge(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
+	if r.cache != nil {
+		r.cache.drop(key)
+	}
 	start := time.Now()
 	err = r.retry(ctx, func(ctx context.Context) error { return in.Purge(ctx, key) })
+	if r.cache != nil {
+		r.cache.drop(key) // also a replay cached while the purge ran
+	}
 	if err != nil {
 		r.observe(ctx, Event{Outcome: OutcomeStoreError, Key: key, Scope: req.Scope, Duration: time.Since(start), Err: err})
 		return &StoreError{Op: "purge", Err: err}

@@ -50,8 +50,16 @@ func DownstreamKey(ctx context.Context, prefix string) (string, error) {
 	if !ok || info.StorageKey == "" {
 		return "", invalidArg("DownstreamKey called outside Do")
 	}
-	sum := sha256.Sum256([]byte(info.StorageKey))
-	return prefix + ":" + hex.EncodeToString(sum[:16]), nil
+	return DownstreamKeyOf(info.StorageKey, prefix), nil
+}
+
+// DownstreamKeyOf is the key [DownstreamKey] derives for prefix inside a
+// call of Do on storageKey (as [Runner.StorageKey] builds it, and
+// [RecordInfo] and [StuckRecord] report it), for an operator who looks a
+// stuck request up in the downstream's records by hand.
+func DownstreamKeyOf(storageKey, prefix string) string {
+	sum := sha256.Sum256([]byte(storageKey))
+	return prefix + ":" + hex.EncodeToString(sum[:16])
 }
 
 // Step runs one named step of fn as a recovery point. The first time, it
@@ -156,9 +164,11 @@ type holder struct {
 	key       string   // storage key
 	scope     []string // the request's scope parts, for events
 	clientKey string
-	token     Token
-	fence     int64
-	attempt   int
+	// fingerprint is the request's, for the replay cache.
+	fingerprint Fingerprint
+	token       Token
+	fence       int64
+	attempt     int
 	// attempts bounds each store call's attempts: the runner's, or 1 in a
 	// transaction.
 	attempts int32
@@ -344,6 +354,20 @@ func (h *holder) complete(ctx context.Context, stored []byte) error {
 	return r.retryIn(ctx, h.attemptStorage(), int(h.attempts), func(ctx context.Context) error {
 		return r.store.Complete(ctx, h.key, h.token, stored, r.cfg.retention)
 	})
+}
+
+// completed notes that the record was completed with stored, by a
+// Complete sent at sent: it returns when the record expires (its retention
+// counts from after sent), and keeps the record in the replay cache, but
+// in a transaction, whose completion may yet roll back.
+func (h *holder) completed(stored []byte, sent mono) time.Time {
+	r := h.r
+	expiry := sent.add(r.cfg.retention)
+	if r.cache != nil && !h.tx {
+		r.cache.put(&cached{key: h.key, fingerprint: h.fingerprint, stored: stored,
+			fence: h.fence, attempt: h.attempt, expires: expiry.time()}, expiry)
+	}
+	return expiry.time()
 }
 
 // attemptStorage returns the holder's storage for the context of a store

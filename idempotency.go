@@ -46,6 +46,7 @@ type Runner struct {
 	// the codec, which the default JSONCodec allows; a codec of the
 	// caller's (encryption, redaction) must see every value.
 	rawBytes   bool
+	cache      *replayCache // nil without WithReplayCache
 	heartbeats heartbeats
 }
 
@@ -78,6 +79,9 @@ func New(store Store, opts ...Option) (*Runner, error) {
 		r.maxPayload = min(r.maxPayload, m-1)
 	}
 	_, r.rawBytes = cfg.codec.(JSONCodec)
+	if cfg.cacheBytes > 0 {
+		r.cache = newReplayCache(cfg.cacheBytes, cfg.cacheTTL)
+	}
 	return r, nil
 }
 
@@ -88,6 +92,12 @@ func (r *Runner) Store() Store { return r.store }
 // [WithStoreTimeout]), for calls of one's own made next to the store's
 // (an adapter's transaction begin and commit).
 func (r *Runner) StoreTimeout() time.Duration { return r.cfg.storeTimeout }
+
+// Wait returns how long a concurrent duplicate waits for the first call
+// (see [WithWait]); 0 means it does not wait. An executor that runs calls
+// in transactions of its own reads it to wait between them, as [Do] does
+// not wait inside a transaction (see [Transactional]).
+func (r *Runner) Wait() time.Duration { return r.cfg.wait }
 
 // Result is what [Do] returns, also alongside an error: it says how the
 // call ended, in the words every edge answers from.
@@ -116,6 +126,12 @@ type Result[T any] struct {
 	// holder's lease, as judged by the store (see [RetryAfter] for the
 	// delay an edge tells its client).
 	RetryAfter time.Duration
+	// ExpiresAt is, for OutcomeCompleted and for a replay, a time until
+	// which the store keeps the record, by this process's clock: the
+	// record's retention ends then or a little later (measured from before
+	// the store call that set or reported it). Zero when the store does not
+	// say (see ClaimResult.ExpiresIn).
+	ExpiresAt time.Time
 }
 
 // Do runs fn at most once for req's scope, key and fingerprint within the
@@ -217,6 +233,11 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 	}
 	poll := 10 * time.Millisecond
 	for {
+		if r.cache != nil {
+			if e, ok := r.cache.get(key); ok {
+				return replayCached[T](ctx, r, req, e)
+			}
+		}
 		start := monoNow()
 		var cr ClaimResult
 		err := r.retryIn(ctx, nil, attempts, func(ctx context.Context) error {
@@ -243,12 +264,11 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 		case OutcomeAcquired:
 			ev.Outcome = OutcomeAcquired
 			r.observe(ctx, ev)
-			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, token: claimReq.Token,
+			h := &holder{parent: ctx, r: r, key: key, scope: req.Scope, clientKey: req.Key, fingerprint: req.Fingerprint, token: claimReq.Token,
 				fence: cr.Fence, attempt: cr.Attempt, points: cr.Checkpoints, tx: tx, attempts: int32(attempts)}
 			return run(ctx, h, start, res, fn)
 		case OutcomeReplay:
-			res.Replayed = true
-			res.Value, res.Outcome, err = decodeOutcome[T](r, cr.Result)
+			err = replayClaim(r, &res, start, key, req.Fingerprint, cr)
 			ev.Outcome, ev.Err = res.Outcome, err
 			r.observe(ctx, ev)
 			return res, err
@@ -263,13 +283,57 @@ func do[T any](ctx context.Context, r *Runner, req Request, fn func(ctx context.
 		ev.Outcome = OutcomeInProgress
 		r.observe(ctx, ev)
 		left := time.Until(waitUntil)
-		if r.cfg.wait <= 0 || left <= 0 {
+		if r.cfg.wait <= 0 || left <= 0 || tx {
+			// In a transaction a wait would hold it, and its connection,
+			// for the length of the other call (see Transactional).
 			return res, &InProgressError{RetryAfter: cr.RetryAfter}
 		}
 		if err := r.awaitChange(ctx, key, min(left, max(cr.RetryAfter, time.Millisecond)), &poll); err != nil {
 			return res, err
 		}
 	}
+}
+
+// replayClaim makes res the replay of the completed record a claim found
+// (starting at start), keeps it in the replay cache when the store said
+// when it expires, and returns the replayed error, if any.
+func replayClaim[T any](r *Runner, res *Result[T], start mono, key string, fp Fingerprint, cr ClaimResult) error {
+	var err error
+	res.Replayed = true
+	res.Value, res.Outcome, err = decodeOutcome[T](r, cr.Result)
+	if cr.ExpiresIn > 0 {
+		expiry := start.add(cr.ExpiresIn)
+		res.ExpiresAt = expiry.time()
+		if r.cache != nil && res.Outcome != OutcomeCorrupt {
+			r.cache.put(&cached{key: key, fingerprint: fp, stored: cr.Result,
+				fence: cr.Fence, attempt: cr.Attempt, expires: res.ExpiresAt}, expiry)
+		}
+	}
+	return err
+}
+
+// replayCached answers a call from the replay cache: the record's stored
+// result, or ErrMismatch for another fingerprint (a record's fingerprint
+// is as immutable as its result).
+func replayCached[T any](ctx context.Context, r *Runner, req Request, e *cached) (res Result[T], err error) {
+	res.Fence, res.Attempt = e.fence, e.attempt
+	ev := Event{Key: e.key, Scope: req.Scope, Fence: e.fence, Attempt: e.attempt}
+	if e.fingerprint != req.Fingerprint {
+		res.Outcome, ev.Outcome = OutcomeMismatch, OutcomeMismatch
+		r.observe(ctx, ev)
+		return res, ErrMismatch
+	}
+	stored := e.stored
+	if isBytes[T]() {
+		// A []byte result shares the stored bytes: give each caller its
+		// own, as the store does.
+		stored = append([]byte(nil), stored...)
+	}
+	res.Replayed, res.ExpiresAt = true, e.expires
+	res.Value, res.Outcome, err = decodeOutcome[T](r, stored)
+	ev.Outcome, ev.Err = res.Outcome, err
+	r.observe(ctx, ev)
+	return res, err
 }
 
 // awaitChange waits for the record under key to change, for at most d:
@@ -370,6 +434,7 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 		}
 		return res, fnErr
 	}
+	sent := monoNow() // the record's retention counts from after this
 	var err error
 	if h.tx && fnErr != nil {
 		// A permanent error is recorded without the writes of the run that
@@ -405,6 +470,7 @@ func run[T any](ctx context.Context, h *holder, claimed mono, res Result[T], fn 
 		return res, &StoreError{Op: "complete", Ran: true, Err: err}
 	}
 	res.Outcome = OutcomeCompleted
+	res.ExpiresAt = h.completed(stored, sent)
 	if r.cfg.observer != nil {
 		r.observe(ctx, Event{Outcome: OutcomeCompleted, Key: h.key, Scope: h.scope, Fence: h.fence, Attempt: h.attempt, Duration: start.since(), Err: encErr})
 	}

@@ -317,17 +317,7 @@ func TestUnstorableSuccessNeverRerun(t *testing.T) {
 func TestWaitReturnsInFlightResult(t *testing.T) {
 	r, _, _ := newRunner(t, idempotency.WithWait(10*time.Second))
 	ctx := context.Background()
-	started, release := make(chan struct{}), make(chan struct{})
-	first := make(chan error, 1)
-	go func() {
-		_, err := idempotency.Do(ctx, r, req("k"), func(ctx context.Context) (string, error) {
-			close(started)
-			<-release
-			return "result", nil
-		})
-		first <- err
-	}()
-	<-started
+	release, first := holdKey(r, "k")
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -341,7 +331,7 @@ func TestWaitReturnsInFlightResult(t *testing.T) {
 		})
 	}
 	time.Sleep(20 * time.Millisecond) // let the waiters block (not needed for correctness)
-	close(release)
+	release()
 	wg.Wait()
 	if err := <-first; err != nil {
 		t.Fatal(err)
@@ -854,8 +844,10 @@ func TestPermanentErrorWithUnstorableMessage(t *testing.T) {
 func TestSlowRenewalsThatSucceedKeepTheLease(t *testing.T) {
 	// Each renewal takes a quarter of the lease, most of the store
 	// timeout (a third of the lease, the longest allowed), but succeeds:
-	// fn must not be stopped, since the lease is held all along.
-	const lease = time.Second
+	// fn must not be stopped, since the lease is held all along. A lease of
+	// 3 s leaves each renewal 250 ms of scheduling slack on a loaded
+	// machine (1 s left 83 ms, which two busy cores exceeded).
+	const lease = 3 * time.Second
 	s := &renewStore{Store: memStore(nil), mode: "slow"}
 	r, err := idempotency.New(s, idempotency.WithLease(lease), idempotency.WithUnsafeShortDurations())
 	if err != nil {

@@ -59,6 +59,9 @@ type config struct {
 	storeTimeout            time.Duration
 	storeTimeoutSet         bool
 	unsafeShort             bool
+	cacheBytes              int64
+	cacheTTL                time.Duration
+	cacheSet                bool
 }
 
 func defaultConfig() config {
@@ -137,6 +140,8 @@ func (c *config) validate(limits Limits) error {
 		return invalidArg("WithStoreRetries(%d, %v): attempts must be positive", c.storeAttempts, c.storeBackoff)
 	case c.storeBackoff < 0:
 		return invalidArg("WithStoreRetries(%d, %v): the backoff must not be negative", c.storeAttempts, c.storeBackoff)
+	case c.cacheSet && (c.cacheBytes <= 0 || c.cacheTTL <= 0):
+		return invalidArg("WithReplayCache(%d, %v): the size and the time to live must be positive", c.cacheBytes, c.cacheTTL)
 	}
 	return nil
 }
@@ -158,6 +163,11 @@ func WithRetention(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.retention = d })
 }
 
+// Retention returns how long a completed result is kept ([WithRetention]),
+// from the store's clock at completion: an edge tells its clients when a
+// key expires from it (httpidem's Idempotency-Key-Expires).
+func (r *Runner) Retention() time.Duration { return r.cfg.retention }
+
 // WithGrace sets how long a STARTED record whose holder stopped renewing is
 // kept after its lease ends, so that a retry within that time takes it over
 // with its recovery points and a greater fence; after it, the record
@@ -170,7 +180,9 @@ func WithGrace(d time.Duration) Option {
 // finish and then return its result (or run fn itself if the first call
 // released the key), instead of failing at once with [ErrInProgress].
 // Stores that implement [Watcher] wake the waiter; others are polled.
-// Default: 0, no waiting.
+// In a transaction of the caller's ([Transactional]) Do does not wait: it
+// answers ErrInProgress, and the transaction's owner may wait between
+// transactions ([Runner.Wait]). Default: 0, no waiting.
 func WithWait(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.wait = d })
 }
@@ -236,6 +248,26 @@ func WithStoreRetries(attempts int, backoff time.Duration) Option {
 // of the lease if that is shorter.
 func WithStoreTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.storeTimeout, c.storeTimeoutSet = d, true })
+}
+
+// WithReplayCache keeps the completed records this runner completes or
+// replays in memory, up to maxBytes of keys and results in all, and
+// answers repeats of them from there for at most ttl, never past the
+// record's own expiry, without a round trip to the store. A completed
+// record cannot change until it expires, so a repeat answered from memory
+// gets what the store would answer, with one exception: a record deleted
+// by another instance's [Runner.Purge] (or another runner's) is still
+// answered from this runner's memory until its entry's ttl ends; a purge
+// through this runner drops its entry at once. So ttl bounds how stale a
+// purge can be seen; keep it short (seconds to a minute) where operators
+// purge. A replay is cached only when the store says when the record
+// expires (ClaimResult.ExpiresIn; every record this runner completes
+// itself is). Calls in a transaction of the caller's ([Transactional])
+// are answered from the cache but add nothing to it, as their completion
+// may yet roll back. It is what a retry storm after an outage needs: the
+// store is spared exactly when it is under stress. Default: no cache.
+func WithReplayCache(maxBytes int64, ttl time.Duration) Option {
+	return optionFunc(func(c *config) { c.cacheBytes, c.cacheTTL, c.cacheSet = maxBytes, ttl, true })
 }
 
 // WithUnsafeShortDurations lifts the floors [MinLease], [MinRetention] and

@@ -15,19 +15,19 @@ import (
 //
 // Every edge answers a call from its Outcome, with a table of its own and
 // no error matching: httpidem a status and a problem type, grpcidem a code
-// and a reason, the inbox what to tell the broker. A call whose fn ran
-// (Result.Ran) is answered with fn's own answer, whatever its outcome;
-// for the others the table is:
+// and a reason, mcpidem a JSON-RPC code and a reason, the inbox what to
+// tell the broker. A call whose fn ran (Result.Ran) is answered with fn's
+// own answer, whatever its outcome; for the others the table is:
 //
-//	outcome               meaning                                          HTTP  gRPC
+//	outcome               meaning                                          HTTP  gRPC                MCP (JSON-RPC)
 //	OutcomeReplay          the stored answer, replayed; fn did not run     the stored response
-//	OutcomeInProgress      another holder's lease is live; retry later     409   Aborted
-//	OutcomeMismatch        the key was used with another request           422   FailedPrecondition
-//	OutcomeInvalidKey      the key or scope was refused; nothing written   400   InvalidArgument
-//	OutcomeResultNotStored fn succeeded before, its result was not kept    410   FailedPrecondition
-//	OutcomeCorrupt         the stored result cannot be decoded             500   DataLoss
-//	OutcomeStoreError      the store failed; nothing happened; retry       503   Unavailable
-//	OutcomeUnknown         no call was made (a nil runner or fn)           500   Internal
+//	OutcomeInProgress      another holder's lease is live; retry later     409   Aborted             -33005
+//	OutcomeMismatch        the key was used with another request           422   FailedPrecondition  -33006
+//	OutcomeInvalidKey      the key or scope was refused; nothing written   400   InvalidArgument     -33002
+//	OutcomeResultNotStored fn succeeded before, its result was not kept    410   FailedPrecondition  -33008
+//	OutcomeCorrupt         the stored result cannot be decoded             500   DataLoss            -33009
+//	OutcomeStoreError      the store failed; nothing happened; retry       503   Unavailable         -33007
+//	OutcomeUnknown         no call was made (a nil runner or fn)           500   Internal            -33010
 //
 // The values are persisted and exported by adapters and observers: never
 // renumber them. A store's Claim returns one of the first four.

@@ -144,22 +144,9 @@ func Reconcile[T any](ctx context.Context, r *Runner, limit int, resolve func(ct
 			break
 		}
 		for _, info := range infos {
-			rep.Listed++
-			switch kind, err := reconcileOne(ctx, r, info, resolve); kind {
-			case outcomeFailed:
-				rep.Errors++
+			kind, err := reconcileOne(ctx, r, info, resolve)
+			if err = rep.count(info.Key, kind, err); err != nil {
 				note(err)
-			case outcomeLeft:
-				rep.Left++
-				note(fmt.Errorf("%q left stuck: %w", info.Key, err))
-			case resolveComplete:
-				rep.Completed++
-			case resolveFail:
-				rep.Failed++
-			case resolveRelease:
-				rep.Released++
-			default:
-				rep.Skipped++
 			}
 			if ctx.Err() != nil {
 				return rep, errors.Join(append(errs, ctx.Err())...)
@@ -171,6 +158,61 @@ func Reconcile[T any](ctx context.Context, r *Runner, limit int, resolve func(ct
 		cursor = next
 	}
 	return rep, errors.Join(errs...)
+}
+
+// count adds the record under key, resolved as kind, to the report, and
+// returns the error to report for it.
+func (rep *ReconcileReport) count(key string, kind resolutionKind, err error) error {
+	rep.Listed++
+	switch kind {
+	case outcomeFailed:
+		rep.Errors++
+		return err
+	case outcomeLeft:
+		rep.Left++
+		return fmt.Errorf("%q left stuck: %w", key, err)
+	case resolveComplete:
+		rep.Completed++
+	case resolveFail:
+		rep.Failed++
+	case resolveRelease:
+		rep.Released++
+	default:
+		rep.Skipped++
+	}
+	return nil
+}
+
+// ReconcileKey resolves the one record of req's scope and key (its
+// fingerprint is not used) as [Reconcile] resolves each record it lists,
+// for an operator who found out by hand what happened downstream (see
+// idemctl's complete and release): when the record is stuck (STARTED,
+// its lease ended), it takes it over as a retry would (only an ended
+// lease, with a greater fence) and hands it to resolve under that lease.
+// The report counts the record as Reconcile would: Listed is 0 when the
+// record was not stuck when inspected (a live lease, or COMPLETED), and
+// Skipped 1 when a retry took it over, completed or released it before
+// the takeover. It returns an error wrapping [ErrNotFound] when there is
+// no record, [ErrInvalidKey] for an invalid key, and the resolver's or
+// the store's error as Reconcile does. The store must implement
+// [Inspector].
+func ReconcileKey[T any](ctx context.Context, r *Runner, req Request, resolve func(ctx context.Context, s StuckRecord) (Resolution[T], error)) (ReconcileReport, error) {
+	var rep ReconcileReport
+	switch {
+	case r == nil:
+		return rep, invalidArg("ReconcileKey: nil runner")
+	case resolve == nil:
+		return rep, invalidArg("ReconcileKey: nil resolver")
+	}
+	info, err := r.Inspect(ctx, req, false)
+	if err != nil {
+		return rep, err
+	}
+	if info.State != StateStarted || info.LeaseLeft > 0 {
+		return rep, nil
+	}
+	kind, err := reconcileOne(ctx, r, info, resolve)
+	return rep, rep.count(info.Key, kind, err)
 }
 
 // reconcileOne takes info's record over and resolves it. It returns the

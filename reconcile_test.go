@@ -200,3 +200,56 @@ func TestReconcilePanicLeavesTheRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcileKey: one record resolved by key, as an operator who
+// checked the downstream by hand does. A live holder's record is left
+// alone (nothing listed), a stuck one is taken over with a greater fence
+// and completed, and an absent key is ErrNotFound.
+func TestReconcileKey(t *testing.T) {
+	r, s, clock := newRunner(t)
+	ctx := context.Background()
+	stuck, live := req("stuck"), req("live")
+	fence := crash(t, r, s, stuck, "charge")
+	clock.Advance(idempotency.DefaultLease + time.Second)
+	crash(t, r, s, live, "")
+	resolve := func(ctx context.Context, st idempotency.StuckRecord) (idempotency.Resolution[string], error) {
+		info, _ := idempotency.FromContext(ctx)
+		if st.Key != stuck.Key || st.Attempt != 2 || info.Fence <= fence || st.Listed.Fence != fence || st.Checkpoints["charge"] == nil {
+			t.Errorf("resolver handed %+v under %+v", st, info)
+		}
+		return idempotency.CompleteWith("paid"), nil
+	}
+	if rep, err := idempotency.ReconcileKey(ctx, r, live, resolve); err != nil || rep != (idempotency.ReconcileReport{}) {
+		t.Fatalf("ReconcileKey of a live holder's record: %+v, %v; want nothing done", rep, err)
+	}
+	if rep, err := idempotency.ReconcileKey(ctx, r, stuck, resolve); err != nil || rep.Listed != 1 || rep.Completed != 1 {
+		t.Fatalf("ReconcileKey of a stuck record: %+v, %v", rep, err)
+	}
+	if res, err := idempotency.Do(ctx, r, stuck, func(context.Context) (string, error) { return "charged again", nil }); err != nil || !res.Replayed || res.Value != "paid" {
+		t.Fatalf("retry after ReconcileKey: %+v, %v", res, err)
+	}
+	if rep, err := idempotency.ReconcileKey(ctx, r, stuck, resolve); err != nil || rep.Listed != 0 {
+		t.Fatalf("ReconcileKey of a completed record: %+v, %v; want nothing done", rep, err)
+	}
+	if _, err := idempotency.ReconcileKey(ctx, r, req("absent"), resolve); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("ReconcileKey of an absent key: %v", err)
+	}
+}
+
+// TestDownstreamKeyOf: the key an operator computes from a storage key is
+// the one DownstreamKey gives fn.
+func TestDownstreamKeyOf(t *testing.T) {
+	r, _, _ := newRunner(t)
+	rq := req("order-7")
+	var inside string
+	if _, err := idempotency.Do(context.Background(), r, rq, func(ctx context.Context) (string, error) {
+		var err error
+		inside, err = idempotency.DownstreamKey(ctx, "charge")
+		return "", err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := idempotency.DownstreamKeyOf(mustKey(t, r, rq.Scope, rq.Key), "charge"); got != inside {
+		t.Fatalf("DownstreamKeyOf = %q, DownstreamKey in fn = %q", got, inside)
+	}
+}

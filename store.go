@@ -230,6 +230,12 @@ type ClaimResult struct {
 	RetryAfter time.Duration
 	// Result is the stored result, for OutcomeReplay.
 	Result []byte
+	// ExpiresIn is, for OutcomeReplay, the time left before the record
+	// expires, by the store's clock, when the store knows it without
+	// another round trip; zero when it does not say. It is optional: [Do]
+	// then neither caches the replay ([WithReplayCache]) nor tells when
+	// the record expires (Result.ExpiresAt).
+	ExpiresIn time.Duration
 	// Checkpoints are the recovery points of the record, for
 	// OutcomeAcquired by takeover or by a repeated claim. Empty otherwise.
 	Checkpoints map[string][]byte
@@ -269,6 +275,9 @@ type Capabilities struct {
 	// Transactional runs the store's calls inside a transaction of the
 	// caller's, together with fn's writes.
 	Transactional Transactional
+	// Batcher claims and finishes many records in one round trip
+	// ([DoBatch]); without it, a batch makes one call per item.
+	Batcher Batcher
 	// Limits are what the store can honour; [New] refuses a configuration
 	// the store would break.
 	Limits Limits
@@ -289,6 +298,10 @@ type Limits struct {
 	// records the marker of [ErrResultNotStored] at once for a larger
 	// result, without sending it first.
 	MaxValueSize int
+	// MaxBatch is the most items the store's Batcher takes in one call
+	// (a statement's parameter limit, a transaction's operation limit);
+	// [DoBatch] splits larger batches. Zero means no limit.
+	MaxBatch int
 }
 
 // CapabilitiesOf returns what s can do: the result of its method
@@ -311,6 +324,7 @@ func CapabilitiesOf(s Store) Capabilities {
 		c.Inspector, _ = s.(Inspector)
 		c.Sweeper, _ = s.(Sweeper)
 		c.Transactional, _ = s.(Transactional)
+		c.Batcher, _ = s.(Batcher)
 		return c
 	}
 	if w, ok := s.(Watcher); ok && c.Watcher != nil {
@@ -325,7 +339,46 @@ func CapabilitiesOf(s Store) Capabilities {
 	if tx, ok := s.(Transactional); ok && c.Transactional != nil {
 		c.Transactional = tx
 	}
+	if b, ok := s.(Batcher); ok && c.Batcher != nil {
+		c.Batcher = b
+	}
 	return c
+}
+
+// Batcher is the part of a store that claims, and then finishes, many
+// independent records in one round trip each, for [DoBatch]. Each item
+// obeys the rules of [Store] as its own call would: ClaimBatch decides each
+// claim as Claim does, and FinishBatch completes or releases each record
+// as Complete or Release does, conditional on the item's token. Items are
+// independent: one's failure or refusal never changes another's outcome,
+// and a repeat of a batch with the same tokens (after an ambiguous error)
+// is safe item by item (rule 4). The keys of one batch are distinct
+// ([DoBatch] sends each storage key once). A batch larger than the backend
+// takes in one operation is split by the store, or declared in [Limits]
+// MaxBatch.
+type Batcher interface {
+	// ClaimBatch claims each request. It returns one result and one error
+	// per request, in order; errs[i] is what Claim would have returned for
+	// reqs[i] (an error for the whole batch, such as a lost connection,
+	// is the error of every item it may have applied to).
+	ClaimBatch(ctx context.Context, reqs []ClaimRequest) (results []ClaimResult, errs []error)
+	// FinishBatch completes (Release false) or releases (Release true)
+	// each record held under its item's token. It returns one error per
+	// item, in order: nil, ErrLeaseLost, ErrTooLarge, or what the store's
+	// Complete or Release would return.
+	FinishBatch(ctx context.Context, items []Finish) []error
+}
+
+// Finish is one item of [Batcher.FinishBatch]: the completion or the
+// release of the record under Key held under Token.
+type Finish struct {
+	Key   string
+	Token Token
+	// Release makes the item a Release; otherwise it is a Complete with
+	// Result and Retention.
+	Release   bool
+	Result    []byte
+	Retention time.Duration
 }
 
 // Transactional is the part of a store whose calls can run inside a
@@ -344,7 +397,12 @@ func CapabilitiesOf(s Store) Capabilities {
 //   - [Step] records no recovery point: there is no partial progress to
 //     resume, as fn's writes commit with its result or not at all;
 //   - before a permanent error is recorded, Discard undoes the writes fn
-//     made since the claim, so that the error is stored without them.
+//     made since the claim, so that the error is stored without them;
+//   - a duplicate is never waited for inside the transaction ([WithWait]):
+//     Do answers [ErrInProgress] at once, since a wait would hold the
+//     transaction, and its connection, for the length of another call.
+//     Whoever owns the transaction may end it and try again in a new one
+//     (the PostgreSQL adapter's TxExecutor does, within [Runner.Wait]).
 type Transactional interface {
 	// InTx reports whether the store's calls with ctx run in a
 	// transaction of the caller's.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,10 +33,7 @@ import (
 //
 //	go test -run '^$' -bench EtcdFloor -benchtime 2000x ./benchmarks/
 func BenchmarkEtcdFloor(b *testing.B) {
-	eps := os.Getenv(bench.Var(bench.Etcd))
-	if eps == "" {
-		b.Fatalf("%s is not set: run scripts/test.sh or start scripts/servers/etcd.sh", bench.Var(bench.Etcd))
-	}
+	eps := bench.Server(b, bench.Etcd)
 	for _, op := range []string{"fresh", "replay"} {
 		for _, callers := range []int{1, 16} {
 			b.Run(fmt.Sprintf("op=%s/callers=%d", op, callers), func(b *testing.B) {

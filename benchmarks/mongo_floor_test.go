@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,13 +33,7 @@ import (
 // It runs when IDEM_MONGO_URI is set, and is skipped when
 // scripts/servers/mongo.sh said no server could be had (IDEM_MONGO_ABSENT).
 func BenchmarkMongoFloor(b *testing.B) {
-	uri := os.Getenv(bench.Var(bench.Mongo))
-	if uri == "" {
-		if reason := os.Getenv("IDEM_MONGO_ABSENT"); reason != "" {
-			b.Skip("MongoDB not available: " + reason)
-		}
-		b.Fatalf("%s is not set: run scripts/test.sh or start scripts/servers/mongo.sh", bench.Var(bench.Mongo))
-	}
+	uri := bench.Server(b, bench.Mongo)
 	for _, op := range []string{"fresh", "replay"} {
 		for _, callers := range []int{1, 16} {
 			b.Run(fmt.Sprintf("op=%s/callers=%d", op, callers), func(b *testing.B) {

@@ -91,10 +91,7 @@ func BenchmarkRedisScale(b *testing.B) {
 }
 
 func redisFloor(b *testing.B, op string, callers, preload int) {
-	addr := os.Getenv(bench.Var(bench.Redis))
-	if addr == "" {
-		b.Fatalf("%s is not set: run scripts/test.sh or start scripts/servers/redis.sh", bench.Var(bench.Redis))
-	}
+	addr := bench.Server(b, bench.Redis)
 	var trips atomic.Int64
 	c, err := bench.RedisClient(addr, &trips)
 	if err != nil {
@@ -183,14 +180,14 @@ func redisFloor(b *testing.B, op string, callers, preload int) {
 // preloadScript writes ARGV[2] completed records, numbered from ARGV[3],
 // under the key prefix ARGV[1], in the store's layout (a hash tag of one
 // of the 1024 shards, then the storage key), each with the fields of a
-// completed record, the result ARGV[4] and a TTL of ARGV[5] ms. It
+// completed record (f t n r), the result ARGV[4] and a TTL of ARGV[5] ms. It
 // declares no keys: it runs on a single server only.
 var preloadScript = goredis.NewScript(`
 local prefix, n, from, result, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 for i = from, from + n - 1 do
   local k = prefix .. '{' .. string.format('%03x', i % 1024) .. '}9:preload:' .. i
-  redis.call('HSET', k, 'f', 'h0123456789abcdef0123456789abcdef', 's', 'completed',
-    't', '0123456789abcdef0123456789abcdef', 'n', '1767225600000000', 'a', '1', 'r', result)
+  redis.call('HSET', k, 'f', 'h0123456789abcdef0123456789abcdef',
+    't', '0123456789abcdef0123456789abcdef', 'n', '1767225600000000', 'r', result)
   redis.call('PEXPIRE', k, ttl)
 end
 return n

@@ -14,10 +14,12 @@ package chaos_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/chaos"
 	"github.com/exactlyonce/idempotency/internal/etcdtest"
 	idemetcd "github.com/exactlyonce/idempotency/store/etcd"
@@ -43,20 +45,18 @@ func TestFailoverEtcdLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := netRunnerWith(t, store, foEtcdLease, foEtcdStoreTimeout)
-	// The etcd store has no Inspector: read the record's key as its
-	// README lays it out (prefix, storage key, NUL, "h"; the value starts
-	// with the state, "s" or "c").
+	// Whether the record exists and is completed, through the store's
+	// Inspector.
 	lookup := func(ctx context.Context, key string) (bool, bool, error) {
 		sk, err := r.StorageKey(netRequest(key))
 		if err != nil {
 			return false, false, err
 		}
-		resp, err := cli.Get(ctx, prefix+sk+"\x00h")
-		if err != nil || len(resp.Kvs) == 0 {
-			return false, false, err
+		info, err := store.Inspect(ctx, sk)
+		if errors.Is(err, idempotency.ErrNotFound) {
+			return false, false, nil
 		}
-		v := resp.Kvs[0].Value
-		return true, len(v) > 0 && v[0] == 'c', nil
+		return err == nil, info.State == idempotency.StateCompleted, err
 	}
 	var tally chaos.Tally
 	chaos.Run(t, chaos.FromEnv(t, foEtcdTrials), func(t *testing.T, tr chaos.Trial) {

@@ -420,17 +420,17 @@ func killPlanAt(plans []killPlan, gen int) *killPlan {
 // pay sends one payment with httpidem's retrying Transport until it has
 // an killAnswer that is not "try again".
 func killPay(ctx context.Context, addr, key string, amount int, n *killAttempts) killAnswer {
-	client := &http.Client{
-		Transport: &httpidem.Transport{
-			Base:           killCounting{base: &http.Transport{DisableKeepAlives: true}, n: n},
-			MaxAttempts:    200,
-			MaxElapsed:     30 * time.Second,
-			AttemptTimeout: 10 * time.Second,
-			MinBackoff:     5 * time.Millisecond,
-			MaxBackoff:     50 * time.Millisecond,
-		},
-		Timeout: 45 * time.Second,
+	tr, err := httpidem.NewTransport(
+		httpidem.WithBase(killCounting{base: &http.Transport{DisableKeepAlives: true}, n: n}),
+		httpidem.WithMaxAttempts(200),
+		httpidem.WithMaxElapsed(30*time.Second),
+		httpidem.WithAttemptTimeout(10*time.Second),
+		httpidem.WithBackoff(5*time.Millisecond, 50*time.Millisecond),
+	)
+	if err != nil {
+		return killAnswer{err: err}
 	}
+	client := &http.Client{Transport: tr, Timeout: 45 * time.Second}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/pay",
 		strings.NewReader(fmt.Sprintf(`{"amount":%d}`, amount)))
 	if err != nil {

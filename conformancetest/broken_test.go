@@ -147,7 +147,7 @@ var brokenStores = map[string][]string{
 
 // probabilistic faults are caught in most runs, not all: their subprocess
 // runs the suite three times, and one failure of each case is enough.
-var probabilistic = map[string]bool{"racy_claim": true, "racy_takeover": true}
+var probabilistic = map[string]bool{"racy_claim": true, "racy_takeover": true, "batch_racy_claims": true}
 
 const refMaxValue = 64 << 10
 
@@ -156,7 +156,7 @@ var refCaps = conformancetest.Capabilities{ControlledClock: true}
 // Capabilities declares the reference store's parts (all of them) and its
 // value limit, which the suite reads.
 func (s *refStore) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s,
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: refMaxValue}}
 }
 

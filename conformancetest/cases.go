@@ -1,6 +1,7 @@
 package conformancetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -546,8 +547,17 @@ func testCompletedExpires(e *env) {
 	e.pass(e.unit)
 	retention := 3 * e.unit
 	e.complete(k, tok, []byte("r"), retention) // 1 unit after the claim: retention ends at 4
+	if rep := e.replay(k, fpA, "replay just after Complete"); rep.ExpiresIn < 0 || rep.ExpiresIn > retention+e.tol {
+		e.t.Errorf("replay just after a Complete with a %v retention: ExpiresIn %v, want zero (not said) or at most the retention", retention, rep.ExpiresIn)
+	}
 	e.pass(2 * e.unit)
-	e.replayEquals(k, fpA, []byte("r"), "replay 3 units after the claim, within a 3-unit retention counted from Complete")
+	rep := e.replay(k, fpA, "replay 3 units after the claim, within a 3-unit retention counted from Complete")
+	if !bytes.Equal(rep.Result, []byte("r")) {
+		e.t.Errorf("replay 3 units after the claim: result %s, want %q", describe(rep.Result), "r")
+	}
+	if rep.ExpiresIn < 0 || rep.ExpiresIn > e.unit+e.tol {
+		e.t.Errorf("replay 2 units into a 3-unit retention: ExpiresIn %v, want zero (not said) or at most the unit left (%v)", rep.ExpiresIn, e.unit)
+	}
 	e.noErr(e.s.Complete(e.ctx, k, tok, []byte("r"), long), "repeated Complete within retention (it changes nothing, retention included)")
 	e.passBeyond(e.unit)
 	e.isErr(e.s.Complete(e.ctx, k, tok, []byte("r"), long), idempotency.ErrLeaseLost,

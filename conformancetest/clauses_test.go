@@ -224,10 +224,36 @@ var clauses = []clause{
 		cases: []string{"in_progress_retry_after", "renew_extends"}},
 	{in: "ClaimResult.Result", text: "Result is the stored result, for OutcomeReplay.",
 		cases: []string{"replay_exact_bytes", "mismatch"}},
+	{in: "ClaimResult.ExpiresIn", text: "ExpiresIn is, for OutcomeReplay, the time left before the record expires, by the store's clock, when the store knows it without another round trip; zero when it does not say.",
+		cases: []string{"completed_expires_after_retention"}},
+	{in: "ClaimResult.ExpiresIn", text: "It is optional: [Do] then neither caches the replay ([WithReplayCache]) nor tells when the record expires (Result.ExpiresAt).",
+		why: "what Do does with it, not a rule of the store"},
 	{in: "ClaimResult.Checkpoints", text: "Checkpoints are the recovery points of the record, for OutcomeAcquired by takeover or by a repeated claim.",
 		cases: []string{"takeover_after_lease_expiry", "repeated_operations"}},
 	{in: "ClaimResult.Checkpoints", text: "Empty otherwise.",
 		cases: []string{"fresh_claim", "in_progress_retry_after", "complete_drops_checkpoints"}},
+	{in: "Batcher", text: "Batcher is the part of a store that claims, and then finishes, many independent records in one round trip each, for [DoBatch].",
+		cases: []string{"batch_claims_as_claims", "batch_finish_per_item"}},
+	{in: "Batcher", text: "Each item obeys the rules of [Store] as its own call would: ClaimBatch decides each claim as Claim does, and FinishBatch completes or releases each record as Complete or Release does, conditional on the item's token.",
+		cases: []string{"batch_claims_as_claims", "batch_racing_single_claims", "batch_finish_per_item"}},
+	{in: "Batcher", text: "Items are independent: one's failure or refusal never changes another's outcome, and a repeat of a batch with the same tokens (after an ambiguous error) is safe item by item (rule 4).",
+		cases: []string{"batch_finish_per_item", "batch_repeat_same_tokens", "batch_claims_as_claims"}},
+	{in: "Batcher", text: "The keys of one batch are distinct ([DoBatch] sends each storage key once).",
+		why: "what the caller promises; the cases send distinct keys"},
+	{in: "Batcher", text: "A batch larger than the backend takes in one operation is split by the store, or declared in [Limits] MaxBatch.",
+		cases: []string{"batch_racing_single_claims"}}, // 64 items in one batch
+	{in: "Batcher.ClaimBatch", text: "ClaimBatch claims each request.",
+		cases: []string{"batch_claims_as_claims"}},
+	{in: "Batcher.ClaimBatch", text: "It returns one result and one error per request, in order; errs[i] is what Claim would have returned for reqs[i] (an error for the whole batch, such as a lost connection, is the error of every item it may have applied to).",
+		cases: []string{"batch_claims_as_claims", "batch_racing_single_claims"}},
+	{in: "Batcher.FinishBatch", text: "FinishBatch completes (Release false) or releases (Release true) each record held under its item's token.",
+		cases: []string{"batch_finish_per_item", "batch_repeat_same_tokens"}},
+	{in: "Batcher.FinishBatch", text: "It returns one error per item, in order: nil, ErrLeaseLost, ErrTooLarge, or what the store's Complete or Release would return.",
+		cases: []string{"batch_finish_per_item"}},
+	{in: "Finish", text: "Finish is one item of [Batcher.FinishBatch]: the completion or the release of the record under Key held under Token.",
+		why: "definition"},
+	{in: "Finish.Release", text: "Release makes the item a Release; otherwise it is a Complete with Result and Retention.",
+		cases: []string{"batch_finish_per_item", "batch_repeat_same_tokens"}},
 }
 
 // contractDocs returns the doc comments the clauses cover, keyed like
@@ -238,7 +264,7 @@ func contractDocs(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatalf("reading the contract: %v", err)
 	}
-	covered := []string{"Store", "Sweeper", "Watcher", "Inspector", "RecordInfo", "Token", "ClaimRequest", "ClaimResult"}
+	covered := []string{"Store", "Sweeper", "Watcher", "Inspector", "RecordInfo", "Token", "ClaimRequest", "ClaimResult", "Batcher", "Finish"}
 	docs := map[string]string{}
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)

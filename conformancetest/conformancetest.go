@@ -75,7 +75,7 @@ type Capabilities struct {
 	// Skip names optional parts the store declares that this run must not
 	// check, such as the Watcher of a MongoDB store on a standalone server,
 	// which has no change streams: any of "watcher", "inspector",
-	// "sweeper".
+	// "sweeper", "batcher".
 	Skip []string
 }
 
@@ -85,6 +85,7 @@ type features struct {
 	watcher   idempotency.Watcher
 	inspector idempotency.Inspector
 	sweeper   idempotency.Sweeper
+	batcher   idempotency.Batcher
 	// maxValue is the store's declared value limit; zero means unknown,
 	// at least 1 MiB.
 	maxValue int
@@ -95,7 +96,7 @@ type features struct {
 
 func featuresOf(s idempotency.Store, caps Capabilities) features {
 	c := idempotency.CapabilitiesOf(s)
-	f := features{watcher: c.Watcher, inspector: c.Inspector, sweeper: c.Sweeper,
+	f := features{watcher: c.Watcher, inspector: c.Inspector, sweeper: c.Sweeper, batcher: c.Batcher,
 		maxValue: c.Limits.MaxValueSize, resolution: c.Limits.Resolution}
 	for _, part := range caps.Skip {
 		switch part {
@@ -105,6 +106,8 @@ func featuresOf(s idempotency.Store, caps Capabilities) features {
 			f.inspector = nil
 		case "sweeper":
 			f.sweeper = nil
+		case "batcher":
+			f.batcher = nil
 		}
 	}
 	return f
@@ -237,8 +240,8 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock) idempotency.Sto
 		t.Fatal("conformancetest: newStore is nil")
 	}
 	for _, part := range caps.Skip {
-		if part != "watcher" && part != "inspector" && part != "sweeper" {
-			t.Fatalf("conformancetest: Capabilities.Skip names %q, not one of watcher, inspector, sweeper", part)
+		if part != "watcher" && part != "inspector" && part != "sweeper" && part != "batcher" {
+			t.Fatalf("conformancetest: Capabilities.Skip names %q, not one of watcher, inspector, sweeper, batcher", part)
 		}
 	}
 	// Under real time, a together case's first attempt reports to a

@@ -2,7 +2,6 @@ package grpcidem
 
 import (
 	"context"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -14,19 +13,24 @@ import (
 	"github.com/exactlyonce/idempotency/internal/edge"
 )
 
-// Defaults of the client interceptor's options.
+// Defaults of the client interceptor's options, the same as httpidem's
+// Transport's.
 const (
 	// DefaultMaxAttempts bounds the attempts of a call, the first
 	// included ([WithMaxAttempts]).
-	DefaultMaxAttempts = 5
+	DefaultMaxAttempts = edge.DefaultMaxAttempts
 	// DefaultMaxElapsed bounds the time from the first attempt to the
 	// start of the last ([WithMaxElapsed]).
-	DefaultMaxElapsed = 30 * time.Second
+	DefaultMaxElapsed = edge.DefaultMaxElapsed
 	// DefaultMinBackoff is the backoff before the first retry
 	// ([WithBackoff]).
-	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMinBackoff = edge.DefaultMinBackoff
 	// DefaultMaxBackoff caps the doubling backoff ([WithBackoff]).
-	DefaultMaxBackoff = 5 * time.Second
+	DefaultMaxBackoff = edge.DefaultMaxBackoff
+	// DefaultMaxLeaseWait bounds how long after its first attempt a call
+	// keeps retrying an Aborted answer that tells the time left on the
+	// holder's lease ([WithMaxLeaseWait]).
+	DefaultMaxLeaseWait = edge.DefaultMaxLeaseWait
 )
 
 // NewKey returns a new idempotency key: a random (version 4) UUID. Make
@@ -54,28 +58,24 @@ type clientOptionFunc func(*clientConfig)
 func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
 
 type clientConfig struct {
-	keyMD, replayMD        string
-	methods                map[string]bool // nil: every method
-	maxAttempts            int
-	maxElapsed             time.Duration
-	attemptTimeout         time.Duration
-	minBackoff, maxBackoff time.Duration
-	sleep                  func(ctx context.Context, d time.Duration) error
-	jitter                 func(d time.Duration) time.Duration
-	badMethod              string
+	keyMD, replayMD string
+	methods         map[string]bool // nil: every method
+	attemptTimeout  time.Duration
+	backoff         edge.Backoff
+	badMethod       string
 }
 
 // WithMaxAttempts bounds the attempts per call, the first included.
 // Default: [DefaultMaxAttempts].
 func WithMaxAttempts(n int) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.maxAttempts = n })
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxAttempts = n })
 }
 
 // WithMaxElapsed bounds the time from the first attempt to the start of
 // the last one; the call's deadline bounds it too.
 // Default: [DefaultMaxElapsed].
 func WithMaxElapsed(d time.Duration) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.maxElapsed = d })
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxElapsed = d })
 }
 
 // WithAttemptTimeout bounds each attempt. An attempt that times out is
@@ -91,7 +91,20 @@ func WithAttemptTimeout(d time.Duration) ClientOption {
 // from [0, backoff] ("full jitter"), or is the server's RetryInfo delay if
 // that is longer. Default: [DefaultMinBackoff], [DefaultMaxBackoff].
 func WithBackoff(min, max time.Duration) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.minBackoff, c.maxBackoff = min, max })
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MinBackoff, c.backoff.MaxBackoff = min, max })
+}
+
+// WithMaxLeaseWait bounds how long after the first attempt the
+// interceptor keeps retrying an Aborted answer (reason [ReasonInProgress])
+// that tells the time left on the lease of the call holding the key
+// ([LeaseRemaining]). Such an answer extends [WithMaxElapsed] to that
+// lease's end (and a second), so that when the holder crashed, a retry
+// arrives once its lease has ended and takes the key over, and it does
+// not count against [WithMaxAttempts]; the waits are still the backoff's
+// and RetryInfo's. The call's deadline still bounds it. 0 turns this off.
+// Default: [DefaultMaxLeaseWait] (1 minute).
+func WithMaxLeaseWait(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.backoff.MaxLeaseWait = d })
 }
 
 // WithClientMethods sets the methods whose calls get a key and are
@@ -150,20 +163,18 @@ func WithClientMetadata(key, replay string) ClientOption {
 // [idempotency.ErrInvalidArgument] for an invalid option.
 func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, error) {
 	c := clientConfig{
-		keyMD:       DefaultKeyMetadata,
-		replayMD:    DefaultReplayMetadata,
-		maxAttempts: DefaultMaxAttempts,
-		maxElapsed:  DefaultMaxElapsed,
-		minBackoff:  DefaultMinBackoff,
-		maxBackoff:  DefaultMaxBackoff,
-		sleep:       sleep,
-		jitter:      jitter,
+		keyMD:    DefaultKeyMetadata,
+		replayMD: DefaultReplayMetadata,
+		backoff:  edge.DefaultBackoff(),
 	}
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalidArg("nil option")
 		}
 		o.applyClient(&c)
+	}
+	if why := c.backoff.Check(); why != "" {
+		return nil, invalidArg("%s", why)
 	}
 	switch {
 	case !validMetadataKey(c.keyMD):
@@ -174,14 +185,8 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 		return nil, invalidArg("WithClientMethods: %q is not a full method name (\"/package.Service/Method\") nor a service (\"/package.Service/\")", c.badMethod)
 	case c.methods != nil && len(c.methods) == 0:
 		return nil, invalidArg("WithClientMethods: no methods")
-	case c.maxAttempts < 1:
-		return nil, invalidArg("WithMaxAttempts: must be at least 1, got %d", c.maxAttempts)
-	case c.maxElapsed <= 0:
-		return nil, invalidArg("WithMaxElapsed: must be positive, got %v", c.maxElapsed)
 	case c.attemptTimeout < 0:
 		return nil, invalidArg("WithAttemptTimeout: must not be negative, got %v", c.attemptTimeout)
-	case c.minBackoff <= 0 || c.maxBackoff < c.minBackoff:
-		return nil, invalidArg("WithBackoff: want 0 < min <= max, got %v and %v", c.minBackoff, c.maxBackoff)
 	}
 	return c.intercept, nil
 }
@@ -201,44 +206,29 @@ func (c *clientConfig) intercept(ctx context.Context, method string, req, reply 
 	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(c.keyMD)) == 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, c.keyMD, NewKey())
 	}
-	start := time.Now()
-	backoff := c.minBackoff
 	var header, trailer metadata.MD
 	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header), grpc.Trailer(&trailer))
-	for n := 1; ; n++ {
+	var err error
+	c.backoff.Retry(ctx, func(ctx context.Context, n int) edge.Answer {
 		header, trailer = nil, nil
-		err := c.attempt(ctx, method, req, reply, cc, invoker, opts)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return err // the caller gave up: no retry
-		}
-		if !c.retryable(err, header, trailer) || n >= c.maxAttempts {
-			return err
-		}
-		wait := c.jitter(min(backoff, c.maxBackoff))
-		// Double up to the cap and stay there: doubling without bound
-		// would overflow into a negative backoff.
-		if backoff >= c.maxBackoff/2 {
-			backoff = c.maxBackoff
-		} else {
-			backoff *= 2
-		}
-		if d, ok := RetryDelay(err); ok && d > wait {
-			wait = d
-		}
-		next := time.Now().Add(wait)
-		if next.Sub(start) > c.maxElapsed {
-			return err
-		}
-		if dl, ok := ctx.Deadline(); ok && !next.Before(dl) {
-			return err // the next attempt would start after the deadline
-		}
-		if c.sleep(ctx, wait) != nil {
-			return err
-		}
+		err = c.attempt(ctx, method, req, reply, cc, invoker, opts)
+		return c.answer(err, header, trailer)
+	})
+	// A canceled call or an expired key: the last error stands too.
+	return err
+}
+
+// answer tells the retry loop what an attempt's outcome means.
+func (c *clientConfig) answer(err error, header, trailer metadata.MD) edge.Answer {
+	if err == nil || !c.retryable(err, header, trailer) {
+		return edge.Answer{}
 	}
+	a := edge.Answer{Retry: true}
+	a.Hint, _ = RetryDelay(err)
+	if status.Code(err) == codes.Aborted {
+		a.LeaseLeft, _ = LeaseRemaining(err)
+	}
+	return a
 }
 
 // attempt makes one attempt, bounded by the attempt timeout.
@@ -262,22 +252,4 @@ func (c *clientConfig) retryable(err error, header, trailer metadata.MD) bool {
 		return true
 	}
 	return false
-}
-
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/grpcidem"
 	"github.com/exactlyonce/idempotency/grpcidem/internal/testpb"
 )
@@ -206,5 +207,50 @@ func TestClientKeys(t *testing.T) {
 	_, err := c.Pay(context.Background(), &testpb.PayRequest{})
 	if status.Code(err) != codes.Unavailable || s.attempts() != 1 || len(s.keys) != 0 {
 		t.Fatalf("unmanaged: %v, %d attempts, keys %q", err, s.attempts(), s.keys)
+	}
+}
+
+// A holder that crashed (its claim made straight on the store, never
+// renewed) holds the key for its lease; the Aborted answers tell how long
+// it still runs, and the client interceptor keeps retrying past its
+// MaxAttempts and MaxElapsed until the lease ends and its retry takes the
+// key over. With WithMaxLeaseWait(0) it gives up as before.
+func TestClientFollowsACrashedHoldersLease(t *testing.T) {
+	for _, follow := range []bool{true, false} {
+		store := memStore(nil)
+		runner := newRunner(t, store, idempotency.WithUnsafeShortDurations(), idempotency.WithLease(time.Second))
+		p, addr := start(t, runner)
+		req := &testpb.PayRequest{Amount: 4}
+		fp, err := grpcidem.DefaultFingerprint(testpb.Payments_Pay_FullMethodName, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := runner.StorageKey(idempotency.Request{Key: "crashed", Fingerprint: fp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const lease = 1500 * time.Millisecond
+		if _, err := store.Claim(context.Background(), idempotency.ClaimRequest{Key: key, Fingerprint: fp,
+			Token: "the crashed holder", Lease: lease, Grace: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		opts := []grpcidem.ClientOption{grpcidem.WithMaxAttempts(2), grpcidem.WithMaxElapsed(200 * time.Millisecond)}
+		if !follow {
+			opts = append(opts, grpcidem.WithMaxLeaseWait(0))
+		}
+		c := dial(t, addr, retrying(t, opts...))
+		began := time.Now()
+		reply, err := c.Pay(keyed("crashed"), req)
+		switch {
+		case follow && (err != nil || p.runs.Load() != 1 || time.Since(began) < lease/2):
+			t.Fatalf("following the lease: %v, %v after %v and %d runs; want the takeover's reply", reply, err, time.Since(began), p.runs.Load())
+		case !follow && (status.Code(err) != codes.Aborted || p.runs.Load() != 0):
+			t.Fatalf("not following: %v after %d runs, want Aborted", err, p.runs.Load())
+		}
+		if !follow {
+			if d, ok := grpcidem.LeaseRemaining(err); !ok || d <= 0 || d > lease {
+				t.Fatalf("LeaseRemaining = %v, %v; want the holder's lease left, up to %v", d, ok, lease)
+			}
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/internal/edge"
 )
@@ -53,10 +55,12 @@ type FingerprintFunc func(fullMethod string, req any) (idempotency.Fingerprint, 
 //
 // A non-nil error rejects the call: the handler does not run and nothing
 // is claimed. An error carrying a gRPC status (status.Error(codes.Unauthenticated,
-// "log in first"), also wrapped) is sent as it is, unless its code is OK
-// or Unknown; any other error gives PermissionDenied with a generic
-// message (the error's text is not sent, as it may describe internals)
-// and an [errdetails.ErrorInfo] of reason [ReasonScopeRejected]. No parts,
+// "log in first"), also wrapped) is sent with its code, message and
+// details, unless its code is OK or Unknown; any other error gives
+// PermissionDenied with a generic message (the error's text is not sent,
+// as it may describe internals). Either way the error carries an
+// [errdetails.ErrorInfo] of reason [ReasonScopeRejected] (added to the
+// scope function's status unless it has one of [ErrorDomain]). No parts,
 // or an empty part, is rejected the same way: a missing tenant must not
 // fall back to a key space shared with other calls that lack one.
 type ScopeFunc func(ctx context.Context, fullMethod string) ([]string, error)
@@ -73,6 +77,9 @@ type config struct {
 	maxResponse   int
 	maxRetryAfter time.Duration
 	badMethod     string // the first invalid name given to WithMethods
+	render        ErrorRenderer
+	renderSet     bool
+	observer      idempotency.Observer
 }
 
 func defaultConfig() config {
@@ -103,6 +110,10 @@ func (c *config) validateConfig() error {
 		return invalidArg("WithMaxResponseSize: must be positive, got %d", c.maxResponse)
 	case c.maxRetryAfter < idempotency.MinRetryAfter:
 		return invalidArg("WithMaxRetryAfter: must be at least %v, got %v", idempotency.MinRetryAfter, c.maxRetryAfter)
+	case c.renderSet && c.render == nil:
+		return invalidArg("WithErrorRenderer: nil renderer")
+	case edge.IsNil(c.observer) && c.observer != nil:
+		return invalidArg("WithObserver: nil observer (%T)", c.observer)
 	}
 	return nil
 }
@@ -223,4 +234,54 @@ func WithMaxResponseSize(n int) Option {
 // too). Default: [DefaultMaxRetryAfter].
 func WithMaxRetryAfter(max time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRetryAfter = max })
+}
+
+// An ErrorAnswer is an error the server interceptor answers by itself,
+// the handler not having run: what an [ErrorRenderer] renders.
+type ErrorAnswer struct {
+	// Outcome is the call's outcome (see [idempotency.Outcome]):
+	// OutcomeInProgress for Aborted, OutcomeMismatch for
+	// FailedPrecondition, and so on. An answer given before the executor
+	// was called (a key missing or malformed, a request that cannot be
+	// fingerprinted, a scope rejected) is OutcomeInvalidKey, and Reason
+	// says which.
+	Outcome idempotency.Outcome
+	// Status is the status the interceptor would send: the code, the
+	// message and the details ([errdetails.ErrorInfo] with the reason,
+	// [errdetails.RetryInfo] when a retry may succeed). For a scope
+	// function's own status, it is that status with the ErrorInfo added.
+	Status *status.Status
+	// Reason is the ErrorInfo's reason, one of the Reason* constants.
+	Reason string
+	// RetryAfter is the RetryInfo's delay, 0 when a retry with the key
+	// cannot succeed.
+	RetryAfter time.Duration
+	// LeaseLeft is, for OutcomeInProgress, the time left on the lease of
+	// the call that holds the key (see [LeaseRemaining]).
+	LeaseLeft time.Duration
+}
+
+// An ErrorRenderer returns the error sent for an [ErrorAnswer]: another
+// status, other details, or a.Status.Err() after setting trailer metadata
+// with grpc.SetTrailer. A nil error means a.Status.Err(). It runs only
+// when the handler did not run for this call.
+type ErrorRenderer func(ctx context.Context, a ErrorAnswer) error
+
+// WithErrorRenderer sets the function that makes the interceptor's own
+// errors (see [ErrorAnswer]), for clients that expect another shape. A nil
+// renderer is refused. Default: the status as it is (a.Status.Err()).
+func WithErrorRenderer(render ErrorRenderer) Option {
+	return optionFunc(func(c *config) { c.render, c.renderSet = render, true })
+}
+
+// WithObserver sets an observer (the runner's, such as otelidem's) to
+// which the interceptor reports the calls it refuses before calling the
+// executor, which never hears of them: a key missing or malformed, a
+// request that cannot be fingerprinted, a scope rejected (also with the
+// scope function's own status). Each is an event of outcome
+// [idempotency.OutcomeInvalidKey] whose Err matches
+// [idempotency.ErrInvalidKey] and names the reason. Calls the executor
+// makes are reported by its runner, not here. Default: none.
+func WithObserver(o idempotency.Observer) Option {
+	return optionFunc(func(c *config) { c.observer = o })
 }

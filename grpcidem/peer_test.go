@@ -112,7 +112,7 @@ func TestPeerScope(t *testing.T) {
 		t.Fatalf("identities %q", ids)
 	}
 	_, err = anonymous.Pay(keyed("k"), req)
-	wantErr(t, err, codes.Unauthenticated, "")
+	wantErr(t, err, codes.Unauthenticated, grpcidem.ReasonScopeRejected)
 	if p.runs.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2", p.runs.Load())
 	}

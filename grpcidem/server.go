@@ -3,8 +3,10 @@ package grpcidem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -170,23 +172,23 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	switch {
 	case len(values) == 0:
 		if c.required == nil || c.required(ctx, info.FullMethod) {
-			return nil, fail(codes.InvalidArgument, ReasonKeyMissing,
-				"this method requires an "+c.keyMD+" metadata entry", 0)
+			return nil, s.refuse(ctx, newStatus(codes.InvalidArgument, ReasonKeyMissing,
+				"this method requires an "+c.keyMD+" metadata entry", 0, 0), nil)
 		}
 		return handler(ctx, req)
 	case len(values) > 1:
-		return nil, fail(codes.InvalidArgument, ReasonKeyMalformed,
-			"the "+c.keyMD+" metadata entry must appear once", 0)
+		return nil, s.refuse(ctx, newStatus(codes.InvalidArgument, ReasonKeyMalformed,
+			"the "+c.keyMD+" metadata entry must appear once", 0, 0), nil)
 	}
 	key := values[0]
 	if c.validate != nil {
 		if err := c.validate(key); err != nil {
-			return nil, fail(codes.InvalidArgument, ReasonKeyMalformed, err.Error(), 0)
+			return nil, s.refuse(ctx, newStatus(codes.InvalidArgument, ReasonKeyMalformed, err.Error(), 0, 0), err)
 		}
 	}
 	fp, err := c.fingerprint(info.FullMethod, req)
 	if err != nil {
-		return nil, fail(codes.InvalidArgument, ReasonBadRequest, err.Error(), 0)
+		return nil, s.refuse(ctx, newStatus(codes.InvalidArgument, ReasonBadRequest, err.Error(), 0, 0), err)
 	}
 	var scope []string
 	if c.scope != nil {
@@ -217,29 +219,25 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			}
 			return notStoredMarker, nil
 		})
-	if res.Outcome == idempotency.OutcomeUnknown {
-		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
-	}
-	switch {
-	case res.Ran:
-		// The handler ran: its answer is the truth for this caller, also
-		// when it was not stored (a transient code: released), or when the
-		// store failed after it or the lease was lost under it.
+	route, outcome := edge.RouteOf(res, err)
+	res.Outcome = outcome
+	switch route {
+	case edge.Own:
 		return reply, herr
-	case res.Outcome == idempotency.OutcomeReplay && err == nil:
+	case edge.Replay:
 		return s.replay(ctx, res.Value)
-	case res.Outcome == idempotency.OutcomeResultNotStored:
+	case edge.NotStored:
 		return nil, s.notStored(ctx)
 	}
-	a := answers[idempotency.OutcomeUnknown]
-	if int(res.Outcome) < len(answers) && answers[res.Outcome].reason != "" {
-		a = answers[res.Outcome]
+	a := edge.Lookup(answers[:], outcome)
+	msg := edge.Detail(a.msg, err)
+	var lease time.Duration
+	if res.Outcome == idempotency.OutcomeInProgress {
+		lease = res.RetryAfter
 	}
-	msg := a.msg
-	if msg == "" && err != nil {
-		msg = err.Error()
-	}
-	return nil, fail(a.code, a.reason, msg, idempotency.RetryAfter(res, c.maxRetryAfter))
+	retry := idempotency.RetryAfter(res, c.maxRetryAfter)
+	return nil, s.answer(ctx, ErrorAnswer{Outcome: res.Outcome, Status: newStatus(a.code, a.reason, msg, retry, lease),
+		Reason: a.reason, RetryAfter: retry, LeaseLeft: lease})
 }
 
 // answers are the interceptor's answers to the outcomes of a call whose
@@ -275,14 +273,39 @@ func (s *server) scopeOf(ctx context.Context, fullMethod string) ([]string, erro
 	scope, err := s.cfg.scope(ctx, fullMethod)
 	if err == nil {
 		if why := edge.ScopeParts(scope); why != "" {
-			return nil, fail(codes.PermissionDenied, ReasonScopeRejected, "the call "+why, 0)
+			return nil, s.refuse(ctx, newStatus(codes.PermissionDenied, ReasonScopeRejected, "the call "+why, 0, 0), nil)
 		}
 		return scope, nil
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != codes.OK && st.Code() != codes.Unknown {
-		return nil, st.Err()
+		// The scope function's own status, with the reason attached.
+		return nil, s.refuse(ctx, withReason(st, ReasonScopeRejected), err)
 	}
-	return nil, fail(codes.PermissionDenied, ReasonScopeRejected, "the call's scope (tenant, peer) could not be established", 0)
+	return nil, s.refuse(ctx, newStatus(codes.PermissionDenied, ReasonScopeRejected, "the call's scope (tenant, peer) could not be established", 0, 0), err)
+}
+
+// refuse answers a call refused before the executor was called, and
+// tells the observer, which the executor's runner never hears of it.
+func (s *server) refuse(ctx context.Context, st *status.Status, err error) error {
+	reason := reasonOf(st)
+	if o := s.cfg.observer; o != nil {
+		if err == nil {
+			err = errors.New(st.Message())
+		}
+		o.Observe(ctx, idempotency.Event{Outcome: idempotency.OutcomeInvalidKey,
+			Err: fmt.Errorf("%w: grpcidem: %s: %w", idempotency.ErrInvalidKey, reason, err)})
+	}
+	return s.answer(ctx, ErrorAnswer{Outcome: idempotency.OutcomeInvalidKey, Status: st, Reason: reason})
+}
+
+// answer sends an answer of the interceptor's own through the renderer.
+func (s *server) answer(ctx context.Context, a ErrorAnswer) error {
+	if s.cfg.render != nil {
+		if err := s.cfg.render(ctx, a); err != nil {
+			return err
+		}
+	}
+	return a.Status.Err()
 }
 
 // replay answers with a stored answer, marked replayed.
@@ -290,7 +313,8 @@ func (s *server) replay(ctx context.Context, b []byte) (any, error) {
 	d, err := decodeAnswer(b)
 	if err != nil {
 		a := answers[idempotency.OutcomeCorrupt]
-		return nil, fail(a.code, a.reason, a.msg, 0)
+		return nil, s.answer(ctx, ErrorAnswer{Outcome: idempotency.OutcomeCorrupt,
+			Status: newStatus(a.code, a.reason, a.msg, 0, 0), Reason: a.reason})
 	}
 	if d.notStored {
 		return nil, s.notStored(ctx)
@@ -308,8 +332,9 @@ func (s *server) replay(ctx context.Context, b []byte) (any, error) {
 func (s *server) notStored(ctx context.Context) error {
 	grpc.SetHeader(ctx, s.replayMD)
 	grpc.SetTrailer(ctx, s.replayMD)
-	return fail(codes.FailedPrecondition, ReasonResponseNotStored,
-		"the call with this idempotency key was processed, but its response could not be stored; it is not run again", 0)
+	return s.answer(ctx, ErrorAnswer{Outcome: idempotency.OutcomeResultNotStored, Reason: ReasonResponseNotStored,
+		Status: newStatus(codes.FailedPrecondition, ReasonResponseNotStored,
+			"the call with this idempotency key was processed, but its response could not be stored; it is not run again", 0, 0)})
 }
 
 // DefaultFingerprint is the default request fingerprint: a SHA-256 of the

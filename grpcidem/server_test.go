@@ -3,6 +3,7 @@ package grpcidem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -311,8 +312,13 @@ func TestScope(t *testing.T) {
 	if strings.Contains(err.Error(), "secret") {
 		t.Fatalf("the scope error's text was sent: %v", err)
 	}
+	// The scope function's own status is sent with its code and message,
+	// and the reason attached (issue 25: it had none).
 	_, err = c.Pay(keyed("k", "tenant", "anonymous"), req)
-	wantErr(t, err, codes.Unauthenticated, "")
+	wantErr(t, err, codes.Unauthenticated, grpcidem.ReasonScopeRejected)
+	if st, _ := status.FromError(err); st.Message() != "log in first" {
+		t.Fatalf("message %q, want the scope function's", st.Message())
+	}
 	_, err = c.Pay(keyed("k", "tenant", "blank"), req)
 	wantErr(t, err, codes.PermissionDenied, grpcidem.ReasonScopeRejected)
 	if p.runs.Load() != 2 {
@@ -470,5 +476,72 @@ func TestCorruptRecord(t *testing.T) {
 				t.Errorf("the handler ran %d times for a completed record", p.runs.Load())
 			}
 		})
+	}
+}
+
+// observed records the events an observer gets.
+type observed struct {
+	mu     sync.Mutex
+	events []idempotency.Event
+}
+
+func (o *observed) Observe(_ context.Context, e idempotency.Event) {
+	o.mu.Lock()
+	o.events = append(o.events, e)
+	o.mu.Unlock()
+}
+
+// The calls the interceptor refuses before the executor (issue 25: scope
+// rejections were not counted) reach WithObserver as OutcomeInvalidKey;
+// WithErrorRenderer shapes every answer of the interceptor's own, and
+// never runs for the handler's answers.
+func TestRefusalsObservedAndRendered(t *testing.T) {
+	var obs observed
+	var rendered []string
+	render := func(ctx context.Context, a grpcidem.ErrorAnswer) error {
+		rendered = append(rendered, a.Reason+"/"+a.Outcome.String())
+		if a.Outcome == idempotency.OutcomeMismatch {
+			return status.Error(codes.AlreadyExists, "rendered: "+a.Status.Message())
+		}
+		return nil // the status as it is
+	}
+	p, addr := start(t, nil, grpcidem.WithScope(tenantScope), grpcidem.WithObserver(&obs), grpcidem.WithErrorRenderer(render))
+	c := dial(t, addr)
+	req := &testpb.PayRequest{Amount: 1}
+	_, err := c.Pay(keyed("k", "tenant", "anonymous"), req) // the scope function's own status
+	wantErr(t, err, codes.Unauthenticated, grpcidem.ReasonScopeRejected)
+	_, err = c.Pay(keyed("k"), req) // no tenant
+	wantErr(t, err, codes.PermissionDenied, grpcidem.ReasonScopeRejected)
+	_, err = c.Pay(context.Background(), req) // no key
+	wantErr(t, err, codes.InvalidArgument, grpcidem.ReasonKeyMissing)
+	if _, err = c.Pay(keyed("k", "tenant", "a"), req); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Pay(keyed("k", "tenant", "a"), &testpb.PayRequest{Amount: 2})
+	if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "rendered") {
+		t.Fatalf("mismatch: %v, want the renderer's AlreadyExists", err)
+	}
+	if p.runs.Load() != 1 {
+		t.Fatalf("%d runs, want 1", p.runs.Load())
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	var refused int
+	for _, e := range obs.events {
+		if e.Outcome != idempotency.OutcomeInvalidKey || !errors.Is(e.Err, idempotency.ErrInvalidKey) {
+			t.Errorf("event %+v, want OutcomeInvalidKey matching ErrInvalidKey", e)
+		}
+		refused++
+	}
+	if refused != 3 || !strings.Contains(obs.events[0].Err.Error(), grpcidem.ReasonScopeRejected) {
+		t.Fatalf("%d events (%v), want the 3 refusals, the first a scope rejection", refused, obs.events)
+	}
+	want := []string{"IDEMPOTENCY_SCOPE_REJECTED/invalid_key", "IDEMPOTENCY_SCOPE_REJECTED/invalid_key",
+		"IDEMPOTENCY_KEY_MISSING/invalid_key", "IDEMPOTENCY_KEY_REUSED/mismatch"}
+	if fmt.Sprint(rendered) != fmt.Sprint(want) {
+		t.Fatalf("rendered %v, want %v", rendered, want)
+	}
+	if _, err := grpcidem.UnaryServerInterceptor(newRunner(t, nil), grpcidem.WithSharedKeySpace(), grpcidem.WithErrorRenderer(nil)); !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), "WithErrorRenderer") {
+		t.Fatalf("nil renderer: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package grpcidem
 
 import (
+	"strconv"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -96,19 +97,53 @@ func Stored(c codes.Code) bool {
 // error as httpidem's ErrTransient.
 var ErrTransient = edge.ErrTransient
 
-// fail makes the interceptor's own error: the code and message, an
-// ErrorInfo with the reason and, when retry > 0, a RetryInfo.
-func fail(c codes.Code, reason, msg string, retry time.Duration) error {
+// leaseMetadata is the key of the [errdetails.ErrorInfo] metadata that
+// tells, on an answer of reason [ReasonInProgress], the time left on the
+// holder's lease in milliseconds (see [LeaseRemaining]).
+const leaseMetadata = "lease_remaining_ms"
+
+// newStatus makes the interceptor's own status: the code and message, an
+// ErrorInfo with the reason (and, when lease > 0, the holder's lease time
+// left) and, when retry > 0, a RetryInfo.
+func newStatus(c codes.Code, reason, msg string, retry, lease time.Duration) *status.Status {
 	st := status.New(c, msg)
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}}
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
+	if lease > 0 {
+		info.Metadata = map[string]string{leaseMetadata: strconv.FormatInt(lease.Milliseconds(), 10)}
+	}
+	details := []protoadapt.MessageV1{info}
 	if retry > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {
 		st = withDetails
 	}
-	return st.Err()
+	return st
 }
+
+// withReason returns st with an ErrorInfo of the reason added, unless it
+// has one of [ErrorDomain] already.
+func withReason(st *status.Status, reason string) *status.Status {
+	if reasonOf(st) != "" {
+		return st
+	}
+	if withDetails, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}); err == nil {
+		return withDetails
+	}
+	return st
+}
+
+// errorInfo returns st's ErrorInfo of [ErrorDomain], or nil.
+func errorInfo(st *status.Status) *errdetails.ErrorInfo {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+			return info
+		}
+	}
+	return nil
+}
+
+func reasonOf(st *status.Status) string { return errorInfo(st).GetReason() }
 
 // ReasonOf returns the reason of an error the server interceptor answered
 // by itself (one of the Reason* constants), or "" for any other error,
@@ -118,12 +153,24 @@ func ReasonOf(err error) string {
 	if !ok {
 		return ""
 	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
-			return info.GetReason()
-		}
+	return reasonOf(st)
+}
+
+// LeaseRemaining returns, for an error of reason [ReasonInProgress], the
+// time left on the lease of the call that holds the key, as the store
+// judged it when the error was made, and whether err tells it. Once it
+// has passed, a retry takes over the key of a holder that crashed; the
+// client interceptor follows it ([WithMaxLeaseWait]).
+func LeaseRemaining(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
 	}
-	return ""
+	ms, perr := strconv.ParseInt(errorInfo(st).GetMetadata()[leaseMetadata], 10, 64)
+	if perr != nil || ms < 0 || ms > int64(24*time.Hour/time.Millisecond) {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
 }
 
 // RetryDelay returns the delay of the first [errdetails.RetryInfo] in

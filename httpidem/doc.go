@@ -29,6 +29,16 @@
 //		return []string{account, r.Pattern}, nil
 //	}))
 //
+// Beyond the draft: a 409 says how long the holder's lease still runs
+// ([LeaseHeader]), which the [Transport] follows to outlive a crashed
+// holder; stored responses and replays say until when the key is
+// honoured ([DefaultExpiresHeader]), and the Transport stops retrying an
+// expired key ([ErrKeyExpired]); large responses can be stored by
+// reference and re-rendered on replay ([StoreReference]); the
+// middleware's own answers can be rendered for clients that do not read
+// problems ([WithErrorRenderer]); [CORS] lets browsers on other origins
+// send keys and read the replay marker.
+//
 // Because the middleware is a plain func(http.Handler) http.Handler, it
 // fits chi, gorilla/mux and echo (echo.WrapMiddleware) directly, and gin
 // by wrapping the engine; the examples module shows each.

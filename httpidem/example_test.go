@@ -100,7 +100,11 @@ func ExampleTransport() {
 	srv := httptest.NewServer(idem(pay))
 	defer srv.Close()
 
-	client := &http.Client{Transport: &httpidem.Transport{MaxAttempts: 4}}
+	tr, err := httpidem.NewTransport(httpidem.WithMaxAttempts(4))
+	if err != nil {
+		panic(err)
+	}
+	client := &http.Client{Transport: tr}
 	req, _ := http.NewRequest("POST", srv.URL+"/payments", strings.NewReader(`{"amount":1000}`))
 	httpidem.SetKey(req, httpidem.NewKey())
 	resp, err := client.Do(req)

@@ -3,12 +3,15 @@ package httpidem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/internal/canon"
@@ -48,7 +51,7 @@ func Stored(status int) bool {
 //	request                                  response
 //	first request with a key                 handler runs; status, body and allowed headers stored
 //	retry, same key, same request            stored response, Idempotent-Replayed: true, handler not run
-//	same key while the first one runs        409 with Retry-After (or the runner waits: idempotency.WithWait)
+//	same key while the first one runs        409 with Retry-After and Idempotency-Lease-Remaining (or the runner waits: idempotency.WithWait)
 //	same key, other body, method or path     422
 //	missing key on a route that requires it  400
 //	malformed key                            400
@@ -62,7 +65,9 @@ func Stored(status int) bool {
 // Every managed request is scoped ([WithScope]); New refuses a middleware
 // without a scope unless [WithSharedKeySpace] says so. Error responses are
 // RFC 9457 application/problem+json (see [Problem] and the Problem*
-// types). Which statuses are stored is [Stored]'s rule. A panic in the
+// types), unless [WithErrorRenderer] renders them otherwise; a 409 tells
+// the time left on the holder's lease ([LeaseHeader]), which the
+// [Transport] follows to outlive a crashed holder. Which statuses are stored is [Stored]'s rule. A panic in the
 // handler releases the key, answers 500 (unless the handler had started
 // streaming a response too large to store), and is then propagated, so
 // that the server logs it and an outer recovery middleware sees it.
@@ -127,14 +132,37 @@ func New(exec idempotency.Executor, opts ...Option) (func(http.Handler) http.Han
 		return nil, err
 	}
 	m := &middleware{exec: exec, cfg: cfg}
+	if r, ok := exec.(interface{ Retention() time.Duration }); ok && cfg.expiresHeader != "" {
+		m.retention = r.Retention()
+	}
 	return func(next http.Handler) http.Handler {
 		return &handler{m: m, next: next}
 	}, nil
 }
 
 type middleware struct {
-	exec idempotency.Executor
-	cfg  config
+	exec      idempotency.Executor
+	cfg       config
+	retention time.Duration // the executor's, when it tells it and the expiry header is on
+	// expires is the last expiry header value made: the fresh responses
+	// of one second, and the replays of one record, share it instead of
+	// formatting a date each (values are never changed once sent).
+	expires atomic.Pointer[expiresValue]
+}
+
+type expiresValue struct {
+	unix int64
+	v    []string
+}
+
+// expiresHeader returns the expiry header's value for unix seconds.
+func (m *middleware) expiresHeader(unix int64) []string {
+	if e := m.expires.Load(); e != nil && e.unix == unix {
+		return e.v
+	}
+	e := &expiresValue{unix: unix, v: []string{httpDate(unix)}}
+	m.expires.Store(e)
+	return e.v
 }
 
 type handler struct {
@@ -165,26 +193,26 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	switch {
 	case len(values) == 0:
 		if c.required == nil || c.required(r) {
-			writeProblem(w, http.StatusBadRequest, ProblemKeyMissing,
-				"this request requires an "+c.keyHeader+" header", 0)
+			m.refuse(w, r, http.StatusBadRequest, ProblemKeyMissing,
+				"this request requires an "+c.keyHeader+" header", nil)
 			return
 		}
 		next.ServeHTTP(w, r)
 		return
 	case len(values) > 1:
-		writeProblem(w, http.StatusBadRequest, ProblemKeyMalformed,
-			"the "+c.keyHeader+" header must appear once", 0)
+		m.refuse(w, r, http.StatusBadRequest, ProblemKeyMalformed,
+			"the "+c.keyHeader+" header must appear once", nil)
 		return
 	}
 	key, ok := parseKey(values[0])
 	if !ok {
-		writeProblem(w, http.StatusBadRequest, ProblemKeyMalformed,
-			"the "+c.keyHeader+" header must be a key or an RFC 8941 quoted string", 0)
+		m.refuse(w, r, http.StatusBadRequest, ProblemKeyMalformed,
+			"the "+c.keyHeader+" header must be a key or an RFC 8941 quoted string", nil)
 		return
 	}
 	if c.validate != nil {
 		if err := c.validate(key); err != nil {
-			writeProblem(w, http.StatusBadRequest, ProblemKeyMalformed, err.Error(), 0)
+			m.refuse(w, r, http.StatusBadRequest, ProblemKeyMalformed, err.Error(), err)
 			return
 		}
 	}
@@ -195,12 +223,12 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		if status == http.StatusRequestEntityTooLarge {
 			typ = ProblemBodyTooLarge
 		}
-		writeProblem(w, status, typ, err.Error(), 0)
+		m.refuse(w, r, status, typ, err.Error(), err)
 		return
 	}
 	fp, err := c.fingerprint(r, body)
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, ProblemBadRequest, err.Error(), 0)
+		m.refuse(w, r, http.StatusBadRequest, ProblemBadRequest, err.Error(), err)
 		return
 	}
 	var scope []string
@@ -223,7 +251,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		if p == nil {
 			return // runtime.Goexit: let it go on
 		}
-		m.answerPanic(w, run.rec, p)
+		m.answerPanic(w, r, run.rec, p)
 		panic(p)
 	}()
 	// A client that gives up on a slow response will retry and should then
@@ -237,29 +265,27 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// it was: the executor and the store keep no reference to them.
 	defer run.release()
 
-	if res.Outcome == idempotency.OutcomeUnknown {
-		res.Outcome = idempotency.OutcomeOf(err) // an executor that did not say
-	}
+	route, outcome := edge.RouteOf(res, err)
+	res.Outcome = outcome
 	switch {
-	case res.Ran && rec != nil:
-		// The handler ran: its response is the truth for this client, also
-		// when it was not stored (5xx, 408, 429: released), or when the
-		// store failed after it or the lease was lost under it.
+	case route == edge.Own && rec != nil:
+		if rec.expires > 0 && res.Outcome == idempotency.OutcomeCompleted && !rec.direct {
+			// Stored: say until when the key is honoured.
+			rec.header[c.expiresHeader] = m.expiresHeader(rec.expires)
+		}
 		rec.flush()
-	case res.Outcome == idempotency.OutcomeReplay && err == nil:
-		m.replay(w, res.Value)
-	case res.Outcome == idempotency.OutcomeResultNotStored:
-		m.notStored(w)
+	case route == edge.Replay:
+		m.replay(w, r, res.Value)
+	case route == edge.NotStored:
+		m.notStored(w, r)
 	default:
-		a := answers[idempotency.OutcomeUnknown]
-		if int(res.Outcome) < len(answers) && answers[res.Outcome].status != 0 {
-			a = answers[res.Outcome]
+		a := edge.Lookup(answers[:], outcome)
+		detail := edge.Detail(a.detail, err)
+		var lease time.Duration
+		if res.Outcome == idempotency.OutcomeInProgress && !res.Ran {
+			lease = res.RetryAfter
 		}
-		detail := a.detail
-		if a.detail == "" && err != nil {
-			detail = err.Error()
-		}
-		writeProblem(w, a.status, a.typ, detail, idempotency.RetryAfter(res, c.maxRetryAfter))
+		m.answer(w, r, res.Outcome, a.status, a.typ, detail, idempotency.RetryAfter(res, c.maxRetryAfter), lease)
 	}
 }
 
@@ -350,7 +376,7 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 		run.rec = new(recorder)
 	}
 	rec := run.rec
-	*rec = recorder{w: run.w, header: make(http.Header), limit: c.maxResponse}
+	*rec = recorder{w: run.w, header: make(http.Header), limit: c.maxResponse, refOK: c.renderRef != nil}
 	if run.runs == 1 {
 		rec.body, stored = run.buf.body[:0], run.buf.stored[:0]
 	}
@@ -363,6 +389,11 @@ func (run *handlerRun) serve(ctx context.Context) ([]byte, error) {
 	rec.finish()
 	if !Stored(rec.status) {
 		return nil, ErrTransient
+	}
+	if d := run.m.retention; d > 0 {
+		// The store keeps the record for the retention from its clock at
+		// completion, after this: by the same clock, never later.
+		rec.expires = time.Now().Add(d).Unix()
 	}
 	stored = rec.encode(stored, c.stored)
 	if run.runs == 1 {
@@ -390,45 +421,156 @@ func (m *middleware) scopeOf(w http.ResponseWriter, r *http.Request) ([]string, 
 			status = se.Status
 		}
 	}
-	writeProblem(w, status, ProblemScopeRejected, detail, 0)
+	m.refuse(w, r, status, ProblemScopeRejected, detail, err)
 	return nil, false
 }
 
 // answerPanic answers 500 after the handler panicked with p, unless p is
 // http.ErrAbortHandler (the handler meant to abort the response) or the
 // response has begun; the executor has released the key already.
-func (m *middleware) answerPanic(w http.ResponseWriter, rec *recorder, p any) {
+func (m *middleware) answerPanic(w http.ResponseWriter, r *http.Request, rec *recorder, p any) {
 	if p != http.ErrAbortHandler && (rec == nil || !rec.flushed) {
-		writeProblem(w, http.StatusInternalServerError, ProblemInternal,
-			"the request failed and was not stored; retry with the same key", 0)
+		m.answer(w, r, idempotency.OutcomeReleased, http.StatusInternalServerError, ProblemInternal,
+			"the request failed and was not stored; retry with the same key", 0, 0)
 		// Out before the panic goes on: the server closes the connection
 		// when it recovers the panic, and would drop a buffered response.
 		http.NewResponseController(w).Flush()
 	}
 }
 
-func (m *middleware) replay(w http.ResponseWriter, b []byte) {
-	s, err := decodeStored(b, w.Header(), m.cfg.stored)
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, b []byte) {
+	c := &m.cfg
+	h := w.Header()
+	s, err := decodeStored(b, h, c.stored)
 	if err != nil {
 		a := answers[idempotency.OutcomeCorrupt]
-		writeProblem(w, a.status, a.typ, a.detail, 0)
+		m.answer(w, r, idempotency.OutcomeCorrupt, a.status, a.typ, a.detail, 0, 0)
 		return
 	}
 	if s.tooLarge {
-		m.notStored(w)
+		m.notStored(w, r)
 		return
 	}
-	w.Header()[m.cfg.replayHeader] = trueValue
+	h[c.replayHeader] = trueValue
+	if s.expires > 0 && c.expiresHeader != "" {
+		h[c.expiresHeader] = m.expiresHeader(s.expires)
+	}
+	if c.replayHook != nil {
+		rr := &ReplayedResponse{Status: s.status, Header: h}
+		if s.reference {
+			rr.Reference = string(s.body)
+		} else {
+			rr.body = s.body
+		}
+		c.replayHook(r, rr)
+	}
+	if s.reference {
+		m.renderReference(w, r, s)
+		return
+	}
 	writeBody(w, s.status, s.body)
+}
+
+// renderReference answers a replay of a response stored by reference
+// through the renderer; a renderer that fails before it wrote anything
+// gets a 500 problem, and the handler is never run again.
+func (m *middleware) renderReference(w http.ResponseWriter, r *http.Request, s stored) {
+	render := m.cfg.renderRef
+	if render == nil {
+		a := answers[idempotency.OutcomeCorrupt]
+		m.answer(w, r, idempotency.OutcomeCorrupt, a.status, ProblemReferenceFailed,
+			"the response of this key was stored by reference, and this middleware has no reference renderer; the request is not run again", 0, 0)
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	err := render(sw, r, Reference{Ref: string(s.body), Status: s.status})
+	if err != nil && !sw.wrote {
+		h := w.Header()
+		for k := range h {
+			if k != m.cfg.replayHeader && k != m.cfg.expiresHeader {
+				delete(h, k)
+			}
+		}
+		m.answer(w, r, idempotency.OutcomeReplay, http.StatusInternalServerError, ProblemReferenceFailed,
+			"the response of this key was stored by reference, and the reference could not be rendered; the request is not run again", 0, 0)
+		return
+	}
+	if !sw.wrote {
+		w.WriteHeader(s.status)
+	}
+}
+
+// httpDate formats Unix seconds as an HTTP-date (RFC 9110 IMF-fixdate).
+func httpDate(unix int64) string {
+	var b [len(http.TimeFormat)]byte
+	return string(time.Unix(unix, 0).UTC().AppendFormat(b[:0], http.TimeFormat))
 }
 
 var trueValue = []string{"true"}
 
-func (m *middleware) notStored(w http.ResponseWriter) {
+func (m *middleware) notStored(w http.ResponseWriter, r *http.Request) {
 	w.Header()[m.cfg.replayHeader] = trueValue
-	writeProblem(w, http.StatusGone, ProblemResponseNotStored,
-		"the request with this key was processed, but its response was too large to store; it is not run again", 0)
+	m.answer(w, r, idempotency.OutcomeResultNotStored, http.StatusGone, ProblemResponseNotStored,
+		"the request with this key was processed, but its response was not stored (too large, or written straight to the connection); it is not run again", 0, 0)
 }
+
+// refuse answers a request refused before the executor was called, and
+// tells the observer, which the executor's runner never hears of it.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, status int, typ, detail string, err error) {
+	if o := m.cfg.observer; o != nil {
+		if err == nil {
+			err = errors.New(detail)
+		}
+		o.Observe(r.Context(), idempotency.Event{Outcome: idempotency.OutcomeInvalidKey,
+			Err: fmt.Errorf("%w: httpidem: %s: %w", idempotency.ErrInvalidKey, problemTitles[typ], err)})
+	}
+	m.answer(w, r, idempotency.OutcomeInvalidKey, status, typ, detail, 0, 0)
+}
+
+// answer sends an answer of the middleware's own through the renderer:
+// retry > 0 adds a Retry-After header, lease > 0 the [LeaseHeader].
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, o idempotency.Outcome, status int, typ, detail string, retry, lease time.Duration) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	if retry > 0 {
+		h.Set("Retry-After", seconds(retry))
+	}
+	if lease > 0 {
+		h.Set(LeaseHeader, seconds(lease))
+	}
+	a := ErrorAnswer{Outcome: o, Problem: Problem{Type: typ, Title: problemTitles[typ], Status: status, Detail: detail},
+		RetryAfter: retry, LeaseLeft: lease}
+	if m.cfg.render == nil {
+		RenderProblem(w, r, a)
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	m.cfg.render(sw, r, a)
+	if !sw.wrote {
+		RenderProblem(w, r, a)
+	}
+}
+
+// statusWriter tells whether a renderer wrote its answer.
+type statusWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if code >= 200 {
+		w.wrote = true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap gives http.ResponseController the writer underneath.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // readBody reads r's body in full, up to limit bytes. The status says
 // which error response fits.

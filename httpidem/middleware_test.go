@@ -506,9 +506,18 @@ func TestStoreDownAfterRun(t *testing.T) {
 	}
 	// The record stays STARTED until its lease ends: a retry meanwhile
 	// gets 409, never a second run.
-	problem(t, do(h, "POST", "/payments", "k", `{}`), 409, httpidem.ProblemInProgress)
+	w = do(h, "POST", "/payments", "k", `{}`)
+	problem(t, w, 409, httpidem.ProblemInProgress)
 	if p.runs.Load() != 1 {
 		t.Fatal("ran twice")
+	}
+	// Retry-After says when to poll (capped at 1s); the lease header how
+	// long the holder's lease (the default 30s) still runs, so that a
+	// client can wait for its takeover.
+	lease, err := strconv.Atoi(w.Header().Get(httpidem.LeaseHeader))
+	if ra := w.Header().Get("Retry-After"); ra != "1" || err != nil || lease < 25 || lease > 30 {
+		t.Fatalf("409 with Retry-After %q and %s %q, want 1 and the lease left, 25-30", ra,
+			httpidem.LeaseHeader, w.Header().Get(httpidem.LeaseHeader))
 	}
 }
 

@@ -1,6 +1,7 @@
 package httpidem
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -27,6 +28,21 @@ const (
 	// (about 4/3 of that with a codec of your own that encodes bytes as
 	// JSON does).
 	DefaultMaxResponseSize = 256 << 10
+	// DefaultExpiresHeader is the response header that says, as an
+	// HTTP-date, until when the key of a stored response is honoured: on
+	// the response when it is stored, and on every replay. It is not (yet)
+	// a standard header: the IETF HTTPAPI draft leaves a key's lifetime to
+	// the service's documentation. [WithExpiresHeader] renames it or turns
+	// it off.
+	DefaultExpiresHeader = "Idempotency-Key-Expires"
+	// LeaseHeader is the header of a 409 that says, in whole seconds
+	// rounded up, how long the lease of the request holding the key still
+	// runs: when it has passed, the store lets a retry take over the key
+	// of a holder that crashed. Retry-After says when to poll again (at
+	// most [WithMaxRetryAfter]); this header says how long polling can
+	// take at the most if the holder is gone, and the [Transport] follows
+	// it ([WithMaxLeaseWait]). Not a standard header.
+	LeaseHeader = "Idempotency-Lease-Remaining"
 	// DefaultMaxRetryAfter caps the Retry-After of a 409: the holder's
 	// remaining lease bounds a crash, not the usual run, which is much
 	// shorter.
@@ -89,6 +105,12 @@ type config struct {
 	maxResponse   int
 	stored        map[string]string // canonical name -> itself, to share the string
 	maxRetryAfter time.Duration
+	render        ErrorRenderer
+	renderSet     bool
+	observer      idempotency.Observer
+	expiresHeader string // canonical; "": not sent
+	renderRef     ReferenceRenderer
+	replayHook    func(r *http.Request, resp *ReplayedResponse)
 }
 
 func defaultConfig() config {
@@ -100,6 +122,7 @@ func defaultConfig() config {
 		maxBody:       DefaultMaxBodySize,
 		maxResponse:   DefaultMaxResponseSize,
 		maxRetryAfter: DefaultMaxRetryAfter,
+		expiresHeader: DefaultExpiresHeader,
 	}
 	c.stored = headerSet(DefaultStoredHeaders)
 	return c
@@ -134,6 +157,12 @@ func (c *config) validateConfig() error {
 		return invalidArg("max response size must be positive, got %d", c.maxResponse)
 	case c.maxRetryAfter < time.Second:
 		return invalidArg("max Retry-After must be at least 1s, got %v", c.maxRetryAfter)
+	case c.expiresHeader != "" && !validHeaderName(c.expiresHeader):
+		return invalidArg("WithExpiresHeader: invalid header name %q", c.expiresHeader)
+	case c.renderSet && c.render == nil:
+		return invalidArg("WithErrorRenderer: nil renderer")
+	case edge.IsNil(c.observer) && c.observer != nil:
+		return invalidArg("WithObserver: nil observer (%T)", c.observer)
 	}
 	for _, m := range c.methods {
 		if m == "" || !validHeaderName(m) {
@@ -144,15 +173,7 @@ func (c *config) validateConfig() error {
 }
 
 // validHeaderName reports whether s is an RFC 9110 token.
-func validHeaderName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x80 || c <= ' ' || c == 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return s != ""
-}
+func validHeaderName(s string) bool { return edge.ValidToken(s) }
 
 func invalidArg(format string, args ...any) error {
 	return fmt.Errorf("%w: httpidem: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
@@ -258,4 +279,104 @@ func WithStoredHeaders(names ...string) Option {
 // one second). Default: [DefaultMaxRetryAfter].
 func WithMaxRetryAfter(max time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRetryAfter = max })
+}
+
+// WithErrorRenderer sets the function that writes the middleware's own
+// answers (see [ErrorAnswer]): their body and headers, for clients that
+// cannot read RFC 9457 problems or read another error shape (the
+// examples module shows one for stripe-go). A nil renderer is refused.
+// Default: [RenderProblem].
+func WithErrorRenderer(render ErrorRenderer) Option {
+	return optionFunc(func(c *config) { c.render, c.renderSet = render, true })
+}
+
+// WithObserver sets an observer (the runner's, such as otelidem's) to
+// which the middleware reports the requests it refuses before calling
+// the executor, which never hears of them: a key missing or malformed, a
+// body too large or unreadable, a scope rejected. Each is an event of
+// outcome [idempotency.OutcomeInvalidKey] whose Err matches
+// [idempotency.ErrInvalidKey] and says which (a rejected scope wraps the
+// scope function's error). Calls the executor makes are reported by its
+// runner, not here. Default: none.
+func WithObserver(o idempotency.Observer) Option {
+	return optionFunc(func(c *config) { c.observer = o })
+}
+
+// WithExpiresHeader names the response header that says, as an HTTP-date,
+// until when the key of a stored response is honoured (see
+// [DefaultExpiresHeader]); "" sends none. The expiry is the executor's
+// retention (an [*idempotency.Runner]'s, or any executor with a method
+// Retention() time.Duration, such as the PostgreSQL adapter's
+// TxExecutor) from the moment the handler returned, by this process's
+// clock: the store counts it from its own clock at completion, a moment
+// later, so the header is early by that moment and by the clocks'
+// difference, never late while they agree. With an executor that does not
+// tell its retention, no header is sent. A response streamed before it
+// was stored (larger than [WithMaxResponseSize]) and an answer that was
+// not stored carry none. Default: [DefaultExpiresHeader].
+func WithExpiresHeader(name string) Option {
+	return optionFunc(func(c *config) { c.expiresHeader = textproto.CanonicalMIMEHeaderKey(name) })
+}
+
+// A Reference is a response stored by reference ([StoreReference]), for
+// a [ReferenceRenderer].
+type Reference struct {
+	// Ref is what the handler stored: the created resource's ID, say.
+	Ref string
+	// Status is the status of the response the handler sent.
+	Status int
+}
+
+// A ReferenceRenderer writes the replay of a response stored by
+// reference: usually the referenced resource as it is now, with the
+// status of the first response. The middleware has set the replay header
+// (Idempotent-Replayed: true) and the expiry header; the renderer sets
+// the others and writes the status and body. The replay shows the current
+// state, not the bytes the first client got.
+//
+// A reference that no longer resolves (the resource was deleted) is the
+// service's to answer: write it (404, 410, or the first status with an
+// empty body) and return nil. Never render another client's resource: the
+// reference comes from this request's record, under its scope, so keep
+// the renderer to that reference. A returned error, before anything was
+// written, answers a 500 problem of type [ProblemReferenceFailed]; the
+// handler is never run again for the key. A renderer that writes nothing
+// and returns nil sends the first status with an empty body.
+type ReferenceRenderer func(w http.ResponseWriter, r *http.Request, ref Reference) error
+
+// WithReferenceRenderer lets handlers store a reference instead of their
+// response's body ([StoreReference]), for responses of any size, and sets
+// the renderer that turns it back into a response on every replay.
+// Default: none ([StoreReference] reports false, and bodies are stored).
+func WithReferenceRenderer(render ReferenceRenderer) Option {
+	return optionFunc(func(c *config) { c.renderRef = render })
+}
+
+// A ReplayedResponse is a stored response about to be replayed, for the
+// hook of [WithReplayHook].
+type ReplayedResponse struct {
+	// Status is the stored status. It is written as stored: changing it
+	// here changes nothing.
+	Status int
+	// Header is the header of the response to be written: the stored
+	// headers, the replay header and the expiry header. The hook may add,
+	// change or remove headers (a request ID, a log correlation).
+	Header http.Header
+	// Reference is, for a response stored by reference, the reference (the
+	// [ReferenceRenderer] writes the body after the hook); "" otherwise.
+	Reference string
+	body      []byte
+}
+
+// Body returns a reader of the stored body: the hook can read it (to log
+// it, say), never change what is stored or written.
+func (r *ReplayedResponse) Body() *bytes.Reader { return bytes.NewReader(r.body) }
+
+// WithReplayHook sets a function called before every replayed response is
+// written (not for the 410 of a response that was not stored), with the
+// request of the retry: to add a header, or to log the retry with the
+// original request's ID. It cannot change the stored status or body.
+// Default: none.
+func WithReplayHook(hook func(r *http.Request, resp *ReplayedResponse)) Option {
+	return optionFunc(func(c *config) { c.replayHook = hook })
 }

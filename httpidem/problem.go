@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/exactlyonce/idempotency"
 )
 
 // The problem types of the middleware's error responses (RFC 9457
@@ -49,6 +51,10 @@ const (
 	// be read (written by another version or codec, or damaged). The
 	// request is not run again: an operator must inspect the record.
 	ProblemResultCorrupt = problemBase + "ProblemResultCorrupt"
+	// ProblemReferenceFailed (500): the response of this key was stored
+	// by reference ([StoreReference]) and the reference could not be
+	// rendered ([WithReferenceRenderer]). The request is not run again.
+	ProblemReferenceFailed = problemBase + "ProblemReferenceFailed"
 	// ProblemInternal (500): the handler panicked (the key was released,
 	// so a retry runs it again), or the request failed in a way the
 	// middleware cannot classify.
@@ -88,22 +94,59 @@ var problemTitles = map[string]string{
 	ProblemStoreUnavailable:  "Idempotency store unavailable",
 	ProblemScopeRejected:     "Request scope rejected",
 	ProblemResultCorrupt:     "Stored response unreadable",
+	ProblemReferenceFailed:   "Stored reference not rendered",
 	ProblemInternal:          "Internal error",
 }
 
-// writeProblem writes an RFC 9457 response. retryAfter > 0 adds a
-// Retry-After header in whole seconds.
-func writeProblem(w http.ResponseWriter, status int, typ, detail string, retryAfter time.Duration) {
-	body, _ := json.Marshal(Problem{Type: typ, Title: problemTitles[typ], Status: status, Detail: detail})
+// An ErrorAnswer is an answer the middleware gives by itself, the
+// handler not having run (or having panicked): what an [ErrorRenderer]
+// renders.
+type ErrorAnswer struct {
+	// Outcome is the call's outcome (see [idempotency.Outcome]):
+	// OutcomeInProgress for a 409, OutcomeMismatch for a 422, and so on.
+	// An answer given before the executor was called (a key missing or
+	// malformed, a body too large or unreadable, a scope rejected) is
+	// OutcomeInvalidKey, and its Problem.Type says which; a handler that
+	// panicked is OutcomeReleased.
+	Outcome idempotency.Outcome
+	// Problem is the RFC 9457 problem the middleware would send; its
+	// Status is the response's status.
+	Problem Problem
+	// RetryAfter is how long the client should wait before it retries
+	// with the same key, 0 when a retry with it cannot succeed. The
+	// response's Retry-After header already says it, in whole seconds.
+	RetryAfter time.Duration
+	// LeaseLeft is, for OutcomeInProgress, the time left on the lease of
+	// the request that holds the key, as the store judged it: when it has
+	// passed, a holder that crashed can be taken over. The [LeaseHeader]
+	// already says it, in whole seconds.
+	LeaseLeft time.Duration
+}
+
+// An ErrorRenderer writes an [ErrorAnswer]: its status, its body and any
+// header (for a client that cannot parse RFC 9457 problems, see the
+// examples module's clients). The middleware has already set the
+// headers Cache-Control: no-store, Retry-After and [LeaseHeader] when they
+// apply, and the replay header on a 410; the renderer may change them.
+// It must write the status (a renderer that writes nothing gets the
+// default problem written after it). It runs only when the handler did
+// not run for this request, so it can never cause a second run.
+type ErrorRenderer func(w http.ResponseWriter, r *http.Request, a ErrorAnswer)
+
+// RenderProblem is the default [ErrorRenderer]: a.Problem as
+// application/problem+json with the problem's status.
+func RenderProblem(w http.ResponseWriter, r *http.Request, a ErrorAnswer) {
+	body, _ := json.Marshal(a.Problem)
 	h := w.Header()
 	h.Set("Content-Type", ProblemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("Cache-Control", "no-store")
-	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10))
-	}
-	w.WriteHeader(status)
+	w.WriteHeader(a.Problem.Status)
 	w.Write(body)
+}
+
+// seconds is d in whole seconds, rounded up, as Retry-After counts.
+func seconds(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 }
 
 // ScopeError is the error a [ScopeFunc] returns to reject a request with

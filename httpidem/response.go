@@ -1,10 +1,12 @@
 package httpidem
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -34,6 +36,11 @@ type recorder struct {
 	direct  bool   // the response goes straight to w: too large to store
 	flushed bool   // the response has been written to w
 	done    bool   // the response is out and body released: writes fail
+
+	expires int64  // the stored response's expiry, Unix seconds; 0: not told
+	refOK   bool   // the middleware renders references: StoreReference works
+	hasRef  bool   // store ref instead of the body
+	ref     string // the handler's reference (StoreReference)
 }
 
 // errWriteAfterDone is what a handler gets for writing after it returned.
@@ -120,6 +127,57 @@ func (rec *recorder) Flush() {
 // Unwrap gives http.ResponseController access to the connection's
 // deadlines.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
+
+// StoreReference tells the middleware around w (the ResponseWriter a
+// handler gets from [New], or a wrapper of it with an Unwrap method) to
+// store ref instead of the response's body: a reference to what the
+// request made (the created resource's ID), which the renderer of
+// [WithReferenceRenderer] turns back into a response on every replay. The
+// response the handler writes is sent to its client as usual, whatever
+// its size; only ref and the status are stored, so a replay shows the
+// resource as it is then, not the bytes the first client got. The
+// fingerprint and scope rules are the same. It reports false, storing
+// nothing, when w is not the middleware's or the middleware has no
+// reference renderer: the body is then stored as usual (or, too large,
+// not at all). Call it before the handler returns; the last call wins.
+func StoreReference(w http.ResponseWriter, ref string) bool {
+	for {
+		switch x := w.(type) {
+		case *recorder:
+			if !x.refOK || x.done {
+				return false
+			}
+			x.hasRef, x.ref = true, ref
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+// Hijack hands the connection to the handler, through a type assertion
+// (http.Hijacker) or http.ResponseController alike. What the handler
+// then writes goes to the client unseen: the response is out of the
+// middleware's hands, so, as for a response too large to store, only a
+// marker is stored and retries get 410, never a second run (a retry
+// before the handler returned gets 409: the client may read the hijacked
+// answer before the marker is stored). It fails,
+// changing nothing, where the server's writer cannot hijack (HTTP/2).
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.done || rec.status != 0 {
+		return nil, nil, errors.New("httpidem: hijack after the response began")
+	}
+	conn, rw, err := http.NewResponseController(rec.w).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	rec.direct, rec.flushed, rec.body = true, true, nil
+	rec.status = http.StatusOK // what the marker records; nothing is sent
+	rec.sent = true
+	return conn, rw, nil
+}
 
 // goDirect sends the buffered part and switches to streaming.
 func (rec *recorder) goDirect() {
@@ -227,7 +285,10 @@ func copyHeader(dst, src http.Header) {
 // The stored form of a response, the T of Do. Version 1:
 //
 //	byte    version (1)
-//	byte    flags: flagTooLarge when only the status was kept
+//	byte    flags: flagTooLarge when only the status was kept,
+//	        flagExpires when the expiry follows, flagReference when the
+//	        body is the handler's reference (and no header is kept)
+//	uvarint expiry, Unix seconds (flagExpires only)
 //	uvarint status
 //	uvarint number of header values, then for each:
 //	        uvarint len, name, uvarint len, value
@@ -239,6 +300,8 @@ func copyHeader(dst, src http.Header) {
 const (
 	storedVersion = 1
 	flagTooLarge  = 1
+	flagExpires   = 2
+	flagReference = 4
 )
 
 var errCorruptResponse = errors.New("httpidem: stored response is corrupt")
@@ -249,11 +312,17 @@ var errCorruptResponse = errors.New("httpidem: stored response is corrupt")
 func (rec *recorder) encode(b []byte, allowed map[string]string) []byte {
 	var flags byte
 	body := rec.body
-	if rec.direct {
+	switch {
+	case rec.hasRef:
+		flags, body = flagReference, []byte(rec.ref)
+	case rec.direct:
 		flags, body = flagTooLarge, nil
 	}
-	n, size := 0, 2+binary.MaxVarintLen64*2+len(body)
-	if !rec.direct {
+	if rec.expires > 0 {
+		flags |= flagExpires
+	}
+	n, size := 0, 2+binary.MaxVarintLen64*3+len(body)
+	if flags&(flagTooLarge|flagReference) == 0 {
 		for k, vs := range rec.header {
 			if _, ok := allowed[k]; ok {
 				for _, v := range vs {
@@ -265,6 +334,9 @@ func (rec *recorder) encode(b []byte, allowed map[string]string) []byte {
 	}
 	b = slices.Grow(b[:0], size)
 	b = append(b, storedVersion, flags)
+	if rec.expires > 0 {
+		b = binary.AppendUvarint(b, uint64(rec.expires))
+	}
 	b = binary.AppendUvarint(b, uint64(rec.status))
 	b = binary.AppendUvarint(b, uint64(n))
 	if n > 0 {
@@ -284,9 +356,11 @@ func (rec *recorder) encode(b []byte, allowed map[string]string) []byte {
 
 // stored is a decoded stored response.
 type stored struct {
-	status   int
-	tooLarge bool
-	body     []byte
+	status    int
+	tooLarge  bool
+	reference bool  // body is the handler's reference
+	expires   int64 // Unix seconds; 0: not told
+	body      []byte
 }
 
 // decodeStored decodes a stored response, adding its headers to h; names
@@ -298,8 +372,17 @@ func decodeStored(b []byte, h http.Header, names map[string]string) (stored, err
 	if len(b) < 2 || b[0] != storedVersion {
 		return s, errCorruptResponse
 	}
-	s.tooLarge = b[1]&flagTooLarge != 0
+	flags := b[1]
+	s.tooLarge, s.reference = flags&flagTooLarge != 0, flags&flagReference != 0
 	b = b[2:]
+	if flags&flagExpires != 0 {
+		exp, k := binary.Uvarint(b)
+		if k <= 0 || exp == 0 || exp > 1<<40 {
+			return s, errCorruptResponse
+		}
+		s.expires = int64(exp)
+		b = b[k:]
+	}
 	status, k := binary.Uvarint(b)
 	// Only final statuses are stored: a replayed 1xx would be sent as an
 	// interim response, followed by an empty 200.

@@ -260,7 +260,7 @@ func TestTransportDoesNotRetryReplayedResponses(t *testing.T) {
 			w.WriteHeader(status)
 		}))
 		clock := newFakeTime()
-		resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+		resp, _ := post(t, clock.transport(t), srv.URL, "k", "b")
 		srv.Close()
 		if resp.StatusCode != status || attempts.Load() != 1 || len(clock.Sleeps()) != 0 {
 			t.Fatalf("replayed %d: %d after %d attempts; want no retry", status, resp.StatusCode, attempts.Load())

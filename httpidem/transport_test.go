@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,8 @@ type fakeTime struct {
 	mu     sync.Mutex
 	now    time.Time
 	sleeps []time.Duration
-	real   time.Duration // also sleep for real, at most this long
+	real   time.Duration                     // also sleep for real, at most this long
+	jitter func(time.Duration) time.Duration // nil: uniform
 }
 
 func newFakeTime() *fakeTime { return &fakeTime{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
@@ -56,8 +58,18 @@ func (f *fakeTime) Sleeps() []time.Duration {
 	return append([]time.Duration(nil), f.sleeps...)
 }
 
-func (f *fakeTime) transport(base http.RoundTripper) *httpidem.Transport {
-	return &httpidem.Transport{Base: base, Sleep: f.Sleep, Now: f.Now}
+// transport is a Transport on f's clock, with opts.
+func (f *fakeTime) transport(t testing.TB, opts ...httpidem.ClientOption) *httpidem.Transport {
+	return newTransport(t, append([]httpidem.ClientOption{httpidem.WithClientClock(f.Now, f.Sleep, f.jitter)}, opts...)...)
+}
+
+func newTransport(t testing.TB, opts ...httpidem.ClientOption) *httpidem.Transport {
+	t.Helper()
+	tr, err := httpidem.NewTransport(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }
 
 func post(t *testing.T, rt http.RoundTripper, url, key, body string) (*http.Response, string) {
@@ -133,8 +145,8 @@ func TestTransportFailsTwiceThenSucceeds(t *testing.T) {
 	defer srv.Close()
 
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.Jitter = func(d time.Duration) time.Duration { return d / 2 }
+	clock.jitter = func(d time.Duration) time.Duration { return d / 2 }
+	tr := clock.transport(t)
 	key := httpidem.NewKey()
 	resp, body := post(t, tr, srv.URL+"/payments", key, `{"amount":42}`)
 	if resp.StatusCode != 201 || body != "charged" {
@@ -172,7 +184,7 @@ func TestTransportRetriesRetryableStatuses(t *testing.T) {
 			srv := httptest.NewServer(s)
 			defer srv.Close()
 			clock := newFakeTime()
-			resp, body := post(t, clock.transport(nil), srv.URL, "k", "b")
+			resp, body := post(t, clock.transport(t), srv.URL, "k", "b")
 			if resp.StatusCode != 200 || body != "attempt 3" || s.attempts.Load() != 3 {
 				t.Fatalf("%d %q after %d attempts", resp.StatusCode, body, s.attempts.Load())
 			}
@@ -190,7 +202,7 @@ func TestTransportNeverRetriesOther4xx(t *testing.T) {
 		s := &statusServer{statuses: []int{status, 200}}
 		srv := httptest.NewServer(s)
 		clock := newFakeTime()
-		resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+		resp, _ := post(t, clock.transport(t), srv.URL, "k", "b")
 		srv.Close()
 		if resp.StatusCode != status || s.attempts.Load() != 1 || len(clock.Sleeps()) != 0 {
 			t.Fatalf("%d: got %d after %d attempts, want no retry", status, resp.StatusCode, s.attempts.Load())
@@ -213,7 +225,7 @@ func TestTransportNetworkError(t *testing.T) {
 	}))
 	defer srv.Close()
 	clock := newFakeTime()
-	resp, body := post(t, clock.transport(nil), srv.URL, "k", `{}`)
+	resp, body := post(t, clock.transport(t), srv.URL, "k", `{}`)
 	if resp.StatusCode != 200 || body != "ok" || attempts.Load() != 3 {
 		t.Fatalf("%d %q after %d attempts", resp.StatusCode, body, attempts.Load())
 	}
@@ -224,8 +236,7 @@ func TestTransportBoundedAttempts(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 4
+	tr := clock.transport(t, httpidem.WithMaxAttempts(4))
 	resp, body := post(t, tr, srv.URL, "k", "b")
 	if resp.StatusCode != 503 || body != "attempt 4" || s.attempts.Load() != 4 || len(clock.Sleeps()) != 3 {
 		t.Fatalf("%d %q after %d attempts, %d waits; want the 4th 503 and 3 waits",
@@ -238,12 +249,9 @@ func TestTransportBackoffAndElapsed(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 100
-	tr.MaxElapsed = 2 * time.Second
-	tr.MinBackoff = 100 * time.Millisecond
-	tr.MaxBackoff = 400 * time.Millisecond
-	tr.Jitter = func(d time.Duration) time.Duration { return d } // the top of each range
+	clock.jitter = func(d time.Duration) time.Duration { return d } // the top of each range
+	tr := clock.transport(t, httpidem.WithMaxAttempts(100), httpidem.WithMaxElapsed(2*time.Second),
+		httpidem.WithBackoff(100*time.Millisecond, 400*time.Millisecond))
 	resp, _ := post(t, tr, srv.URL, "k", "b")
 	// 100+200+400+400+400+400 = 1.9s; one more 400ms would pass 2s.
 	want := []time.Duration{100, 200, 400, 400, 400, 400}
@@ -263,11 +271,8 @@ func TestTransportFullJitter(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 40
-	tr.MaxElapsed = time.Hour
-	tr.MinBackoff = time.Second
-	tr.MaxBackoff = time.Second
+	tr := clock.transport(t, httpidem.WithMaxAttempts(40), httpidem.WithMaxElapsed(time.Hour),
+		httpidem.WithBackoff(time.Second, time.Second))
 	post(t, tr, srv.URL, "k", "b")
 	sleeps := clock.Sleeps()
 	distinct := map[time.Duration]bool{}
@@ -299,12 +304,10 @@ func TestTransportBackoffCappedOverManyAttempts(t *testing.T) {
 	} {
 		s.attempts.Store(0)
 		clock := newFakeTime()
-		tr := clock.transport(nil)
-		tr.MaxAttempts = attempts
-		tr.MaxElapsed = 1000 * time.Hour
-		tr.MinBackoff = 100 * time.Millisecond
-		tr.MaxBackoff = 2 * time.Second
-		tr.Jitter = jitter.f
+		clock.jitter = jitter.f
+		const maxBackoff = 2 * time.Second
+		tr := clock.transport(t, httpidem.WithMaxAttempts(attempts), httpidem.WithMaxElapsed(1000*time.Hour),
+			httpidem.WithBackoff(100*time.Millisecond, maxBackoff))
 		resp, _ := post(t, tr, srv.URL, "k", "b")
 		sleeps := clock.Sleeps()
 		if resp.StatusCode != 503 || s.attempts.Load() != attempts || len(sleeps) != attempts-1 {
@@ -313,13 +316,13 @@ func TestTransportBackoffCappedOverManyAttempts(t *testing.T) {
 		}
 		var total time.Duration
 		for i, d := range sleeps {
-			if d < 0 || d > tr.MaxBackoff {
-				t.Fatalf("%s: wait %d is %v, outside [0, %v]", jitter.name, i+1, d, tr.MaxBackoff)
+			if d < 0 || d > maxBackoff {
+				t.Fatalf("%s: wait %d is %v, outside [0, %v]", jitter.name, i+1, d, maxBackoff)
 			}
 			// 100ms, 200ms, ..., 1.6s, then the cap: from the sixth wait
 			// on, the top of the range is the cap itself.
-			if jitter.f != nil && i >= 5 && d != tr.MaxBackoff {
-				t.Fatalf("%s: wait %d is %v, want the cap %v", jitter.name, i+1, d, tr.MaxBackoff)
+			if jitter.f != nil && i >= 5 && d != maxBackoff {
+				t.Fatalf("%s: wait %d is %v, want the cap %v", jitter.name, i+1, d, maxBackoff)
 			}
 			total += d
 		}
@@ -336,8 +339,7 @@ func TestTransportRetryAfterBeyondBudget(t *testing.T) {
 		s := &statusServer{statuses: []int{429, 200}, retryAfter: ra}
 		srv := httptest.NewServer(s)
 		clock := newFakeTime()
-		tr := clock.transport(nil)
-		tr.MaxElapsed = time.Minute
+		tr := clock.transport(t, httpidem.WithMaxElapsed(time.Minute))
 		resp, _ := post(t, tr, srv.URL, "k", "b")
 		srv.Close()
 		// Waiting two minutes would break the one-minute budget: the 429
@@ -351,7 +353,7 @@ func TestTransportRetryAfterBeyondBudget(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	resp, _ := post(t, clock.transport(nil), srv.URL, "k", "b")
+	resp, _ := post(t, clock.transport(t), srv.URL, "k", "b")
 	if resp.StatusCode != 200 || len(clock.Sleeps()) != 1 || clock.Sleeps()[0] < 7*time.Second {
 		t.Fatalf("date Retry-After: %d, waits %v", resp.StatusCode, clock.Sleeps())
 	}
@@ -362,8 +364,8 @@ func TestTransportOnlyKeyedRewindableRequests(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	clock := newFakeTime()
-	tr := clock.transport(nil)
-	// No key: the request may not be safe to repeat.
+	tr := clock.transport(t, httpidem.WithAutoKey())
+	// No key (and none made): the request may not be safe to repeat.
 	if resp, _ := post(t, tr, srv.URL, "", "b"); resp.StatusCode != 503 || s.attempts.Load() != 1 {
 		t.Fatalf("unkeyed: %d after %d attempts", resp.StatusCode, s.attempts.Load())
 	}
@@ -386,11 +388,11 @@ func TestTransportContextCanceled(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &httpidem.Transport{Sleep: func(ctx context.Context, d time.Duration) error {
+	tr := newTransport(t, httpidem.WithClientClock(nil, func(ctx context.Context, d time.Duration) error {
 		cancel() // the caller gives up while the transport waits
 		<-ctx.Done()
 		return ctx.Err()
-	}}
+	}, nil))
 	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader("b"))
 	httpidem.SetKey(req, "k")
 	_, err := (&http.Client{Transport: tr}).Do(req)
@@ -412,10 +414,8 @@ func TestTransportAttemptTimeout(t *testing.T) {
 	defer srv.Close()
 	clock := newFakeTime()
 	clock.real = 50 * time.Millisecond // the 409s' Retry-After is 1s: wait less for real
-	tr := clock.transport(nil)
-	tr.AttemptTimeout = 100 * time.Millisecond
-	tr.MaxAttempts = 50
-	tr.MaxElapsed = time.Hour
+	tr := clock.transport(t, httpidem.WithAttemptTimeout(100*time.Millisecond),
+		httpidem.WithMaxAttempts(50), httpidem.WithMaxElapsed(time.Hour))
 	resp, body := post(t, tr, srv.URL, "k", `{"amount":1}`)
 	if resp.StatusCode != 201 || body != "payment 1" || resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("%d %q replayed=%q", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
@@ -438,9 +438,7 @@ func TestTransportConcurrentDuplicates(t *testing.T) {
 	defer srv.Close()
 	clock := newFakeTime()
 	clock.real = 20 * time.Millisecond
-	tr := clock.transport(nil)
-	tr.MaxAttempts = 100
-	tr.MaxElapsed = time.Hour
+	tr := clock.transport(t, httpidem.WithMaxAttempts(100), httpidem.WithMaxElapsed(time.Hour))
 	key := httpidem.NewKey()
 	var wg sync.WaitGroup
 	for range 10 {
@@ -469,5 +467,245 @@ func TestNewKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		seen[k] = true
+	}
+}
+
+// NewTransport refuses an invalid option by name, as grpcidem's
+// UnaryClientInterceptor does with the same option names.
+func TestNewTransportRefusesInvalidOptions(t *testing.T) {
+	cases := []struct {
+		name string
+		opts []httpidem.ClientOption
+		want string
+	}{
+		{"zero attempts", []httpidem.ClientOption{httpidem.WithMaxAttempts(0)}, "WithMaxAttempts"},
+		{"zero elapsed", []httpidem.ClientOption{httpidem.WithMaxElapsed(0)}, "WithMaxElapsed"},
+		{"negative attempt timeout", []httpidem.ClientOption{httpidem.WithAttemptTimeout(-1)}, "WithAttemptTimeout"},
+		{"max below min backoff", []httpidem.ClientOption{httpidem.WithBackoff(time.Second, time.Millisecond)}, "WithBackoff"},
+		{"zero backoff", []httpidem.ClientOption{httpidem.WithBackoff(0, time.Second)}, "WithBackoff"},
+		{"nil base", []httpidem.ClientOption{httpidem.WithBase(nil)}, "WithBase"},
+		{"typed nil base", []httpidem.ClientOption{httpidem.WithBase((*http.Transport)(nil))}, "WithBase"},
+		{"bad key header", []httpidem.ClientOption{httpidem.WithClientHeaders("Idempotency Key", "Idempotent-Replayed")}, "WithClientHeaders"},
+		{"empty replay header", []httpidem.ClientOption{httpidem.WithClientHeaders("Idempotency-Key", "")}, "WithClientHeaders"},
+		{"nil option", []httpidem.ClientOption{nil}, "nil option"},
+	}
+	for _, tc := range cases {
+		tr, err := httpidem.NewTransport(tc.opts...)
+		if tr != nil || !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrInvalidArgument naming %q", tc.name, err, tc.want)
+		}
+	}
+	// The zero Transport is the defaults: it retries a 503 up to
+	// DefaultMaxAttempts times.
+	s := &statusServer{statuses: []int{503, 503, 200}, retryAfter: "0"}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	if resp, _ := post(t, &httpidem.Transport{}, srv.URL, "k", "b"); resp.StatusCode != 200 || s.attempts.Load() != 3 {
+		t.Errorf("zero Transport: %d after %d attempts, want 200 after 3", resp.StatusCode, s.attempts.Load())
+	}
+}
+
+// A key header set by WithClientHeaders is the one the Transport looks
+// for and retries.
+func TestTransportClientHeaders(t *testing.T) {
+	var attempts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Key") != "k" {
+			t.Errorf("key header %q", r.Header.Get("X-Key"))
+		}
+		if attempts.Add(1) == 1 {
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		w.Header().Set("X-Replayed", "true")
+		w.WriteHeader(http.StatusConflict) // replayed: never retried
+	}))
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(t, httpidem.WithClientHeaders("x-key", "x-replayed"))
+	req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+	req.Header.Set("X-Key", "k")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 409 || attempts.Load() != 2 {
+		t.Fatalf("%d after %d attempts, want the replayed 409 after 2", resp.StatusCode, attempts.Load())
+	}
+}
+
+// leaseServer answers 409 with Retry-After: 1 and the lease header while
+// the fake clock is before free (a crashed holder's lease, not renewed),
+// then 201. lease is what the header says: left until free by default.
+type leaseServer struct {
+	clock        *fakeTime
+	free         time.Time
+	lease        string // "" for the time left until free
+	noRetryAfter bool
+	attempts     atomic.Int64
+}
+
+func (s *leaseServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.attempts.Add(1)
+	now := s.clock.Now()
+	if now.Before(s.free) {
+		if !s.noRetryAfter {
+			w.Header().Set("Retry-After", "1")
+		}
+		lease := s.lease
+		if lease == "" {
+			lease = strconv.Itoa(int((s.free.Sub(now) + time.Second - 1) / time.Second))
+		}
+		w.Header().Set(httpidem.LeaseHeader, lease)
+		w.WriteHeader(http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
+// A 409 that tells the holder's lease keeps a Transport with every
+// default retrying until that lease has ended (a crashed holder is taken
+// over then), beyond MaxAttempts and MaxElapsed, but never beyond
+// MaxLeaseWait; without the header, or with WithMaxLeaseWait(0), the
+// defaults give up after 5 attempts.
+func TestTransportFollowsTheHoldersLease(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lease    string // the header; "" the true time left
+		leaseFor time.Duration
+		opts     []httpidem.ClientOption
+		want     int
+	}{
+		{"default lease 30s", "", 30 * time.Second, nil, 201},
+		{"lease past MaxElapsed", "", 50 * time.Second, nil, 201},
+		{"no lease wait", "", 30 * time.Second, []httpidem.ClientOption{httpidem.WithMaxLeaseWait(0)}, 409},
+		{"longer than MaxLeaseWait", "", 90 * time.Second, nil, 409},
+		{"a live holder renewing", "30", time.Hour, nil, 409},
+		{"malformed header", "soon", 30 * time.Second, nil, 409},
+		{"absurd header", "99999999", 30 * time.Second, nil, 409},
+		{"no Retry-After, a holder renewing", "30", time.Hour, nil, 409},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeTime()
+			s := &leaseServer{clock: clock, free: clock.Now().Add(tc.leaseFor), lease: tc.lease,
+				noRetryAfter: strings.HasPrefix(tc.name, "no Retry-After")}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			resp, _ := post(t, clock.transport(t, tc.opts...), srv.URL, "k", "b")
+			elapsed := clock.Now().Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d after %d attempts and %v, want %d", resp.StatusCode, s.attempts.Load(), elapsed, tc.want)
+			}
+			switch {
+			case tc.want == 201 && elapsed < tc.leaseFor:
+				t.Fatalf("201 after %v, before the lease of %v ended", elapsed, tc.leaseFor)
+			case tc.want == 409 && tc.name != "no lease wait" && tc.lease == "" && elapsed > httpidem.DefaultMaxLeaseWait:
+				t.Fatalf("gave up after %v, past MaxLeaseWait %v", elapsed, httpidem.DefaultMaxLeaseWait)
+			case tc.want == 409 && elapsed > httpidem.DefaultMaxLeaseWait:
+				t.Fatalf("gave up after %v, past MaxLeaseWait %v", elapsed, httpidem.DefaultMaxLeaseWait)
+			case tc.want == 409 && tc.lease != "" && tc.lease != "30" && s.attempts.Load() != httpidem.DefaultMaxAttempts:
+				t.Fatalf("a bad header: %d attempts, want the plain %d", s.attempts.Load(), httpidem.DefaultMaxAttempts)
+			}
+			t.Logf("%d after %d attempts and %v", resp.StatusCode, s.attempts.Load(), elapsed)
+		})
+	}
+}
+
+// A POST or PATCH without a key gets one per RoundTrip, sent by each of
+// its attempts and by no other call; other methods get none; the caller's
+// request is left as it was.
+func TestTransportAutoKey(t *testing.T) {
+	s := &statusServer{statuses: []int{503, 200}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	clock := newFakeTime()
+	tr := clock.transport(t)
+	for _, method := range []string{"POST", "PATCH", "PUT"} {
+		s.attempts.Store(0)
+		s.mu.Lock()
+		s.keys = nil
+		s.mu.Unlock()
+		var keys []string
+		for range 2 { // two calls: two intents
+			req, _ := http.NewRequest(method, srv.URL, strings.NewReader("b"))
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if req.Header.Get("Idempotency-Key") != "" {
+				t.Fatalf("%s: the caller's request was changed", method)
+			}
+			s.attempts.Store(0)
+		}
+		s.mu.Lock()
+		keys = append(keys, s.keys...)
+		s.mu.Unlock()
+		if method == "PUT" {
+			if len(keys) != 2 || keys[0] != "" || keys[1] != "" {
+				t.Fatalf("PUT: keys %q, want none, sent once per call", keys)
+			}
+			continue
+		}
+		if len(keys) != 4 || keys[0] == "" || keys[0] != keys[1] || keys[2] != keys[3] || keys[1] == keys[2] {
+			t.Fatalf("%s: keys %q, want one key per call, the same on its retry", method, keys)
+		}
+	}
+}
+
+// expiryServer answers 503 with the expiry header set to expires.
+type expiryServer struct {
+	expires  string
+	attempts atomic.Int64
+}
+
+func (s *expiryServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.attempts.Add(1)
+	w.Header().Set("Idempotency-Key-Expires", s.expires)
+	w.Header().Set("Retry-After", "10")
+	w.WriteHeader(http.StatusServiceUnavailable)
+}
+
+// The Transport stops retrying, with ErrKeyExpired, once the key's
+// advertised expiry has passed or would pass before the next attempt; a
+// malformed or absurd expiry is ignored (the plain budget applies), and
+// never makes it retry longer.
+func TestTransportStopsAtTheKeysExpiry(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		expires  string
+		attempts int64
+		expired  bool
+	}{
+		{"expires before the next attempt", start.Add(5 * time.Second).Format(http.TimeFormat), 1, true},
+		{"expires after two retries", start.Add(25 * time.Second).Format(http.TimeFormat), 3, true},
+		{"far ahead", start.Add(24 * time.Hour).Format(http.TimeFormat), 4, false},
+		{"malformed", "tomorrow", 4, false},
+		{"in the past (absurd)", start.Add(-time.Hour).Format(http.TimeFormat), 4, false},
+		{"centuries ahead (absurd)", "Fri, 01 Jan 2500 00:00:00 GMT", 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &expiryServer{expires: tc.expires}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			clock := newFakeTime()
+			// 4 attempts, each 10 s apart (Retry-After), within 30 s.
+			tr := clock.transport(t, httpidem.WithMaxAttempts(4))
+			req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+			httpidem.SetKey(req, "k")
+			resp, err := tr.RoundTrip(req)
+			if tc.expired {
+				if !errors.Is(err, httpidem.ErrKeyExpired) || resp != nil || s.attempts.Load() != tc.attempts {
+					t.Fatalf("%v, %v after %d attempts; want ErrKeyExpired after %d", resp, err, s.attempts.Load(), tc.attempts)
+				}
+				return
+			}
+			if err != nil || resp.StatusCode != 503 || s.attempts.Load() != tc.attempts {
+				t.Fatalf("%v after %d attempts; want the last 503 after %d", err, s.attempts.Load(), tc.attempts)
+			}
+			resp.Body.Close()
+		})
 	}
 }

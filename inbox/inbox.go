@@ -84,6 +84,9 @@ type Delivery struct {
 	Duplicate bool
 	// Disposition is what to tell the broker ([Decide]).
 	Disposition Disposition
+	// Err is the delivery's error: the one Handle returns, or each
+	// message's for HandleBatch.
+	Err error
 }
 
 // Handle runs handle for msg unless this consumer has processed msg's
@@ -111,6 +114,38 @@ func (in *Inbox) Handle(ctx context.Context, msg Message, handle func(ctx contex
 	return DeliveryOf(res.Outcome, err), err
 }
 
+// HandleBatch processes msgs as Handle processes each one, in one batch:
+// the events of a broker's poll are claimed in one store round trip and
+// recorded in one more ([idempotency.DoBatch]), instead of two round trips
+// per message. handle(ctx, i) runs for msgs[i] unless this consumer has
+// processed its event before, one message after another in order; it
+// returns one Delivery per message, in order, with its disposition and its
+// error. Messages are independent: one's failure decides its own
+// disposition only; two deliveries of one event in the batch are handled
+// once (the second is a duplicate). A delivery whose event another
+// consumer instance is handling right now is Retry at once: the batch does
+// not wait for it.
+func (in *Inbox) HandleBatch(ctx context.Context, msgs []Message, handle func(ctx context.Context, i int) error) []Delivery {
+	out := make([]Delivery, len(msgs))
+	if handle == nil {
+		err := fmt.Errorf("%w: inbox: nil handler", idempotency.ErrInvalidArgument)
+		for i := range out {
+			out[i] = DeliveryOf(idempotency.OutcomeUnknown, err)
+		}
+		return out
+	}
+	reqs := make([]idempotency.Request, len(msgs))
+	for i, msg := range msgs {
+		reqs[i] = in.Request(msg)
+	}
+	for i, r := range idempotency.DoBatch(ctx, in.r, reqs, func(ctx context.Context, i int) (struct{}, error) {
+		return struct{}{}, handle(ctx, i)
+	}) {
+		out[i] = DeliveryOf(r.Outcome, r.Err)
+	}
+	return out
+}
+
 // DeliveryOf is the Delivery of a call that ended with outcome o and
 // error err, for the transactional forms of the adapters (the PostgreSQL
 // adapter's InboxTx).
@@ -118,7 +153,7 @@ func DeliveryOf(o idempotency.Outcome, err error) Delivery {
 	if o == idempotency.OutcomeUnknown {
 		o = idempotency.OutcomeOf(err)
 	}
-	return Delivery{Outcome: o, Duplicate: o == idempotency.OutcomeReplay, Disposition: Decide(o, err)}
+	return Delivery{Outcome: o, Duplicate: o == idempotency.OutcomeReplay, Disposition: Decide(o, err), Err: err}
 }
 
 // Disposition is what a consumer tells its broker about a delivery.

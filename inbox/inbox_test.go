@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,5 +159,67 @@ func TestBadInput(t *testing.T) {
 	}
 	if d, err := in.Handle(context.Background(), inbox.Message{Source: "s", ID: "e"}, nil); !errors.Is(err, idempotency.ErrInvalidArgument) || d.Disposition != inbox.DeadLetter {
 		t.Errorf("nil handler: %+v, %v", d, err)
+	}
+}
+
+// TestHandleBatch: a poll's messages are handled once each, in order;
+// redeliveries inside the batch and in a later one are duplicates; a
+// poison message, a transient failure and an invalid ID decide their own
+// dispositions only.
+func TestHandleBatch(t *testing.T) {
+	in := newInbox(t, "c")
+	msgs := []inbox.Message{
+		{Source: "s", ID: "e1", Payload: []byte("1")},
+		{Source: "s", ID: "e2", Payload: []byte("2")},
+		{Source: "s", ID: "e1", Payload: []byte("1")}, // redelivered in the same poll
+		{Source: "s", ID: "poison", Payload: []byte("x")},
+		{Source: "s", ID: "busy", Payload: []byte("b")},
+		{Source: "s", ID: "", Payload: []byte("no id")},
+		{Source: "s", ID: "e3", Payload: []byte("3")},
+	}
+	var order []string
+	failBusy := true
+	handle := func(ctx context.Context, i int) error {
+		order = append(order, msgs[i].ID)
+		switch msgs[i].ID {
+		case "poison":
+			return idempotency.Permanent(errors.New("cannot parse"))
+		case "busy":
+			if failBusy {
+				return errors.New("database busy")
+			}
+		}
+		return nil
+	}
+	want := []inbox.Disposition{inbox.Ack, inbox.Ack, inbox.Ack, inbox.DeadLetter, inbox.Retry, inbox.DeadLetter, inbox.Ack}
+	got := in.HandleBatch(context.Background(), msgs, handle)
+	for i, d := range got {
+		if d.Disposition != want[i] {
+			t.Errorf("message %d (%q): %+v, want %v", i, msgs[i].ID, d, want[i])
+		}
+	}
+	if !got[2].Duplicate || got[0].Duplicate {
+		t.Errorf("the redelivery in the same poll: %+v, first %+v; want the second a duplicate", got[2], got[0])
+	}
+	if fmt.Sprint(order) != "[e1 e2 poison busy e3]" {
+		t.Errorf("handled %v, want each event once, in order", order)
+	}
+	failBusy = false
+	order = nil
+	got = in.HandleBatch(context.Background(), msgs, handle)
+	for i, d := range got {
+		if msgs[i].ID == "busy" {
+			if d.Disposition != inbox.Ack || d.Duplicate {
+				t.Errorf("the redelivered busy message: %+v, want handled now", d)
+			}
+		} else if d.Disposition != want[i] || (msgs[i].ID != "" && !d.Duplicate) {
+			t.Errorf("redelivery of message %d (%q): %+v", i, msgs[i].ID, d)
+		}
+	}
+	if fmt.Sprint(order) != "[busy]" {
+		t.Errorf("the redelivered poll handled %v, want only the message released before", order)
+	}
+	if d := in.HandleBatch(context.Background(), msgs[:1], nil); d[0].Disposition != inbox.DeadLetter || !errors.Is(d[0].Err, idempotency.ErrInvalidArgument) {
+		t.Errorf("nil handler: %+v", d[0])
 	}
 }

@@ -53,7 +53,7 @@ while IFS= read -r line; do
   [ -n "$line" ] || continue
   name=${line%%_ABSENT=*}; name=${name#IDEM_}
   case $name in
-  MONGO) what="the MongoDB real-server suite (store/mongo server tests, lincheck TestMongo, benchmarks' mongo backend)" ;;
+  MONGO) what="the MongoDB real-server suite (store/mongo server tests, lincheck TestMongo, benchmarks' mongo backend, idemctl's mongo backend, examples/reconcile's Example_mongo)" ;;
   *) what="the $name real-server suite" ;;
   esac
   notrun="$notrun$what DID NOT RUN: ${line#*_ABSENT=}; "

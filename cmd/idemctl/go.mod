@@ -4,22 +4,45 @@ go 1.26.0
 
 require (
 	github.com/exactlyonce/idempotency v0.1.0
+	github.com/exactlyonce/idempotency/store/etcd v0.1.0
+	github.com/exactlyonce/idempotency/store/mongo v0.1.0
 	github.com/exactlyonce/idempotency/store/postgres v0.1.0
 	github.com/exactlyonce/idempotency/store/redis v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.etcd.io/etcd/client/v3 v3.6.16
+	go.mongodb.org/mongo-driver/v2 v2.10.0
+	go.uber.org/zap v1.27.0
 )
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coreos/go-semver v0.3.1 // indirect
+	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
+	github.com/gogo/protobuf v1.3.2 // indirect
+	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
+	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/xdg-go/scram v1.4.0 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+	github.com/youmark/pkcs8 v0.0.0-20240726163527-a2c0da244d78 // indirect
+	go.etcd.io/etcd/api/v3 v3.6.16 // indirect
+	go.etcd.io/etcd/client/pkg/v3 v3.6.16 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	go.uber.org/multierr v1.11.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/net v0.61.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260803160001-6ac0973c030d // indirect
+	google.golang.org/grpc v1.83.2 // indirect
+	google.golang.org/protobuf v1.36.11 // indirect
 )
 
 // This module is not published yet: build it from a checkout (go build
@@ -27,6 +50,8 @@ require (
 // GOWORK=off.
 replace (
 	github.com/exactlyonce/idempotency => ../..
+	github.com/exactlyonce/idempotency/store/etcd => ../../store/etcd
+	github.com/exactlyonce/idempotency/store/mongo => ../../store/mongo
 	github.com/exactlyonce/idempotency/store/postgres => ../../store/postgres
 	github.com/exactlyonce/idempotency/store/redis => ../../store/redis
 )

@@ -57,3 +57,33 @@ func Example() {
 	// 422
 	// charges: 1
 }
+
+// For browsers on another origin: httpidem.CORS on the router (r.Use
+// runs for every request, the preflight included), outside the
+// idempotency middleware so that its answers carry the CORS headers.
+func Example_cors() {
+	idem := try.Middleware() // as in Example
+	// A page on https://shop.example calls this API on another origin.
+	cors, err := httpidem.CORS(httpidem.CORSOptions{AllowedOrigins: []string{"https://shop.example"}})
+	if err != nil {
+		panic(err)
+	}
+	var charges try.Charges
+	r := chi.NewRouter()
+	r.Use(cors)
+	r.With(idem).Post("/payments", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"payment":"pay_%d"}`, charges.Charge())
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+
+	for _, line := range try.CrossOrigin(srv.URL+"/payments", "https://shop.example") {
+		fmt.Println(line)
+	}
+	// Output:
+	// preflight 204 origin=https://shop.example headers="Idempotency-Key, Content-Type"
+	// 201 replayed="" origin=https://shop.example exposed="Idempotent-Replayed, Retry-After, Idempotency-Key-Expires, Idempotency-Lease-Remaining"
+	// 201 replayed="true" origin=https://shop.example exposed="Idempotent-Replayed, Retry-After, Idempotency-Key-Expires, Idempotency-Lease-Remaining"
+}

@@ -52,3 +52,30 @@ func Example() {
 	// 400
 	// charges: 1
 }
+
+// For browsers on another origin: httpidem.CORS as a Pre middleware, so
+// that it answers the preflight before routing (no OPTIONS route needed).
+func Example_cors() {
+	idem := try.Middleware() // as in Example
+	// A page on https://shop.example calls this API on another origin.
+	cors, err := httpidem.CORS(httpidem.CORSOptions{AllowedOrigins: []string{"https://shop.example"}})
+	if err != nil {
+		panic(err)
+	}
+	var charges try.Charges
+	e := echo.New()
+	e.Pre(echo.WrapMiddleware(cors))
+	e.POST("/payments", func(c echo.Context) error {
+		return c.JSON(http.StatusCreated, map[string]string{"payment": fmt.Sprintf("pay_%d", charges.Charge())})
+	}, echo.WrapMiddleware(idem))
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+
+	for _, line := range try.CrossOrigin(srv.URL+"/payments", "https://shop.example") {
+		fmt.Println(line)
+	}
+	// Output:
+	// preflight 204 origin=https://shop.example headers="Idempotency-Key, Content-Type"
+	// 201 replayed="" origin=https://shop.example exposed="Idempotent-Replayed, Retry-After, Idempotency-Key-Expires, Idempotency-Lease-Remaining"
+	// 201 replayed="true" origin=https://shop.example exposed="Idempotent-Replayed, Retry-After, Idempotency-Key-Expires, Idempotency-Lease-Remaining"
+}

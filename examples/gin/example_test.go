@@ -58,3 +58,30 @@ func Example() {
 	// 422
 	// charges: 1
 }
+
+// For browsers on another origin: httpidem.CORS in front of the
+// idempotency middleware and the engine.
+func Example_cors() {
+	gin.SetMode(gin.ReleaseMode)
+	idem := try.Middleware() // as in Example
+	// A page on https://shop.example calls this API on another origin.
+	cors, err := httpidem.CORS(httpidem.CORSOptions{AllowedOrigins: []string{"https://shop.example"}})
+	if err != nil {
+		panic(err)
+	}
+	var charges try.Charges
+	engine := gin.New()
+	engine.POST("/payments", func(c *gin.Context) {
+		c.JSON(http.StatusCreated, gin.H{"payment": fmt.Sprintf("pay_%d", charges.Charge())})
+	})
+	srv := httptest.NewServer(cors(idem(engine)))
+	defer srv.Close()
+
+	for _, line := range try.CrossOrigin(srv.URL+"/payments", "https://shop.example") {
+		fmt.Println(line)
+	}
+	// Output:
+	// preflight 204 origin=https://shop.example headers="Idempotency-Key, Content-Type"
+	// 201 replayed="" origin=https://shop.example exposed="Idempotent-Replayed, Retry-After, Idempotency-Key-Expires, Idempotency-Lease-Remaining"
+	// 201 replayed="true" origin=https://shop.example exposed="Idempotent-Replayed, Retry-After, Idempotency-Key-Expires, Idempotency-Lease-Remaining"
+}

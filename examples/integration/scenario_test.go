@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -166,8 +165,10 @@ func scenario(t *testing.T, store idempotency.Store) {
 		if err == nil {
 			t.Fatal("the first attempt should time out")
 		}
-		tr := &httpidem.Transport{MaxAttempts: 20, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Sleep: func(ctx context.Context, d time.Duration) error { time.Sleep(min(d, 100*time.Millisecond)); return nil }}
+		tr, err := httpidem.NewTransport(httpidem.WithMaxAttempts(20), httpidem.WithBackoff(50*time.Millisecond, 200*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
 		r, b := must(send(&http.Client{Transport: tr}, "alice", "lost", `{"amount":6}`))
 		if r.StatusCode != 201 || r.Header.Get("Idempotent-Replayed") != "true" || !strings.Contains(b, `"amount":6`) {
 			t.Fatalf("%d %q", r.StatusCode, b)
@@ -179,18 +180,31 @@ func scenario(t *testing.T, store idempotency.Store) {
 		n := &atomic.Int64{}
 		n.Store(2)
 		failFirst.Store(prefix+"transport", n)
+		// Every default; the attempts' start times give the waits (a wait
+		// is never shorter than asked, so the check cannot flake).
 		var mu sync.Mutex
-		var waits []time.Duration
-		tr := &httpidem.Transport{Sleep: func(ctx context.Context, d time.Duration) error {
+		var starts []time.Time
+		tr, err := httpidem.NewTransport(httpidem.WithBase(roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			mu.Lock()
-			waits = append(waits, d)
+			starts = append(starts, time.Now())
 			mu.Unlock()
-			return nil
-		}}
+			return http.DefaultTransport.RoundTrip(r)
+		})))
+		if err != nil {
+			t.Fatal(err)
+		}
 		r, _ := must(send(&http.Client{Transport: tr}, "alice", "transport", `{"amount":7}`))
+		var waits []time.Duration
+		for i := 1; i < len(starts); i++ {
+			waits = append(waits, starts[i].Sub(starts[i-1]))
+		}
 		if r.StatusCode != 201 || len(waits) != 2 || waits[0] < 2*time.Second || waits[1] < 2*time.Second {
 			t.Fatalf("%d, waits %v; want 201 after two waits of at least Retry-After 2s", r.StatusCode, waits)
 		}
 		count(t, before, 1)
 	})
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -11,7 +11,9 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
-	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/exactlyonce/idempotency/internal/typednil"
@@ -76,129 +78,8 @@ func ScopeParts(scope []string) string {
 	return ""
 }
 
-// Defaults of the client side's retries, the same on every edge.
-const (
-	DefaultMaxAttempts = 5
-	DefaultMaxElapsed  = 30 * time.Second
-	DefaultMinBackoff  = 100 * time.Millisecond
-	DefaultMaxBackoff  = 5 * time.Second
-)
-
-// Backoff is the client side's schedule of retries: at most MaxAttempts
-// attempts, each wait drawn from [0, backoff] ("full jitter", so that a
-// crowd of clients does not retry in lockstep) with backoff doubling from
-// MinBackoff up to MaxBackoff, or the server's hint if that is longer, and
-// no attempt started after MaxElapsed from the first.
-type Backoff struct {
-	MaxAttempts            int
-	MaxElapsed             time.Duration
-	MinBackoff, MaxBackoff time.Duration
-	// Jitter returns a random duration in [0, d]; nil means uniform.
-	Jitter func(d time.Duration) time.Duration
-	// Sleep waits d or until ctx is done; nil means a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
-	// Now is the clock of MaxElapsed; nil means time.Now.
-	Now func() time.Time
-}
-
-// Defaults returns b with the zero fields set to the defaults.
-func (b Backoff) Defaults() Backoff {
-	if b.MaxAttempts == 0 {
-		b.MaxAttempts = DefaultMaxAttempts
-	}
-	if b.MaxElapsed == 0 {
-		b.MaxElapsed = DefaultMaxElapsed
-	}
-	if b.MinBackoff == 0 {
-		b.MinBackoff = DefaultMinBackoff
-	}
-	if b.MaxBackoff == 0 {
-		b.MaxBackoff = max(DefaultMaxBackoff, b.MinBackoff)
-	}
-	if b.Now == nil {
-		b.Now = time.Now
-	}
-	return b
-}
-
-// Check returns the message of the error that refuses b, naming the
-// option, or "".
-func (b Backoff) Check() string {
-	switch {
-	case b.MaxAttempts < 1:
-		return "WithMaxAttempts: must be at least 1"
-	case b.MaxElapsed <= 0:
-		return "WithMaxElapsed: must be positive"
-	case b.MinBackoff <= 0 || b.MaxBackoff < b.MinBackoff:
-		return "WithBackoff: want 0 < min <= max"
-	}
-	return ""
-}
-
-// Schedule is the state of one call's retries.
-type Schedule struct {
-	b       *Backoff
-	start   time.Time
-	backoff time.Duration
-	n       int
-}
-
-// Start begins the schedule of a call whose first attempt is about to
-// be made.
-func (b *Backoff) Start() Schedule {
-	return Schedule{b: b, start: b.Now(), backoff: b.MinBackoff, n: 1}
-}
-
-// Next returns how long to wait before the next attempt, given the
-// server's hint (0 for none), and false when no attempt is left: MaxAttempts
-// were made, or the next would start after MaxElapsed, or after
-// deadline (when not zero).
-func (s *Schedule) Next(hint time.Duration, deadline time.Time) (time.Duration, bool) {
-	b := s.b
-	if s.n >= b.MaxAttempts {
-		return 0, false
-	}
-	s.n++
-	wait := s.jitter(min(s.backoff, b.MaxBackoff))
-	// Double up to the cap and stay there: doubling without bound would
-	// overflow after a few dozen attempts into a negative backoff.
-	if s.backoff >= b.MaxBackoff/2 {
-		s.backoff = b.MaxBackoff
-	} else {
-		s.backoff *= 2
-	}
-	wait = max(wait, hint)
-	next := b.Now().Add(wait)
-	if next.Sub(s.start) > b.MaxElapsed {
-		return 0, false
-	}
-	if !deadline.IsZero() && !next.Before(deadline) {
-		return 0, false
-	}
-	return wait, true
-}
-
-// Attempt is the number of the attempt about to be made (or last made).
-func (s *Schedule) Attempt() int { return s.n }
-
-// Elapsed is the time since the first attempt.
-func (s *Schedule) Elapsed() time.Duration { return s.b.Now().Sub(s.start) }
-
-func (s *Schedule) jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	if s.b.Jitter != nil {
-		return s.b.Jitter(d)
-	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
-}
-
-// Wait waits d, through b.Sleep if set, or until ctx is done.
-func (b *Backoff) Wait(ctx context.Context, d time.Duration) error {
-	if b.Sleep != nil {
-		return b.Sleep(ctx, d)
-	}
+// Sleep waits d, or until ctx is done, and then returns ctx's error.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -207,4 +88,39 @@ func (b *Backoff) Wait(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// MaxRetryAfter caps the delay a client takes from a Retry-After header:
+// a server's typo must not park a request for years.
+const MaxRetryAfter = 24 * time.Hour
+
+// RetryAfter parses a Retry-After header's value (RFC 9110 §10.2.3):
+// delay-seconds, or an HTTP-date judged by now; capped at MaxRetryAfter.
+// It reports false for an empty or malformed value.
+func RetryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s < 0 {
+			return 0, false
+		}
+		return time.Duration(min(s, int64(MaxRetryAfter/time.Second))) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return min(max(t.Sub(now), 0), MaxRetryAfter), true
+	}
+	return 0, false
+}
+
+// ValidToken reports whether s is an RFC 9110 token: a header name, a
+// method.
+func ValidToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x80 || c <= ' ' || c == 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -143,14 +143,17 @@ func Run(store idempotency.Store, cfg Config, out io.Writer) (bool, error) {
 	base := "http://" + ln.Addr().String()
 
 	link := &flakyLink{base: http.DefaultTransport, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), drop: 0.2, dup: 0.15}
-	client := &http.Client{Transport: &httpidem.Transport{
-		Base:           link,
-		AttemptTimeout: 400 * time.Millisecond,
-		MaxAttempts:    12,
-		MaxElapsed:     10 * time.Second,
-		MinBackoff:     20 * time.Millisecond,
-		MaxBackoff:     300 * time.Millisecond,
-	}}
+	tr, err := httpidem.NewTransport(
+		httpidem.WithBase(link),
+		httpidem.WithAttemptTimeout(400*time.Millisecond),
+		httpidem.WithMaxAttempts(12),
+		httpidem.WithMaxElapsed(10*time.Second),
+		httpidem.WithBackoff(20*time.Millisecond, 300*time.Millisecond),
+	)
+	if err != nil {
+		return false, err
+	}
+	client := &http.Client{Transport: tr}
 	c := &clients{http: client, url: base + "/payments", verbose: cfg.Verbose, out: out}
 
 	var wg sync.WaitGroup

@@ -3,15 +3,31 @@
 # lincheck and benchmark tests, on loopback, on non-default ports, with its
 # data under DIR/etcd.
 #
-#   etcd.sh start DIR   start it (installing etcd-server and etcd-client with
-#                       apt when missing) and print the export line
-#   etcd.sh stop DIR    stop what "start DIR" started
+#   etcd.sh start DIR    start a fresh member (installing etcd-server and
+#                        etcd-client with apt when missing) and print the
+#                        export line: DIR's earlier data is wiped
+#   etcd.sh stop DIR     stop what "start DIR" started; its data stays
+#   etcd.sh restart DIR  stop the member if it runs, and start it again on
+#                        DIR's data and port: keys, leases and revisions
+#                        survive, as after a crash or an upgrade of a real
+#                        member (a lease's TTL restarts in full); prints the
+#                        export line
 #
 # When IDEM_ETCD_ENDPOINTS is already set, start starts nothing and prints
-# nothing. Ports: IDEM_ETCD_PORT (default 23790) for clients and the next
-# one for peers; when either is taken by a process this script did not
-# start, both move up by 100, up to 20 times. Only the process whose pid
-# file lives under DIR/etcd is ever stopped.
+# nothing (restart is explicit, and always acts on DIR). Ports:
+# IDEM_ETCD_PORT (default 23790) for clients and the next one for peers;
+# when either is taken by a process this script did not start, both move
+# up by 100, up to 20 times; restart reuses the port of the last start.
+# Only the process whose pid file lives under DIR/etcd is ever stopped.
+#
+# To rehearse a restart (a service riding out an etcd restart, records and
+# fences that must survive it):
+#
+#   eval "$(scripts/servers/etcd.sh start /tmp/rehearsal)"   # fresh
+#   ... run the service, make records ...
+#   scripts/servers/etcd.sh restart /tmp/rehearsal           # same data
+#   ... check them ...
+#   scripts/servers/etcd.sh stop /tmp/rehearsal
 #
 # The member runs with a 50 ms heartbeat and a 500 ms election timeout, so
 # that its minimum lease TTL (1.5 election timeouts, rounded up to whole
@@ -24,7 +40,7 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
 if [ -z "$cmd" ] || [ -z "$dir" ]; then
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|stop|restart DIR" >&2
   exit 2
 fi
 mkdir -p "$dir"
@@ -75,7 +91,7 @@ install() {
 }
 
 start() {
-  local i endpoint
+  local i
   if [ -n "${IDEM_ETCD_ENDPOINTS:-}" ]; then
     log "IDEM_ETCD_ENDPOINTS is set; not starting a server"
     return 0
@@ -91,9 +107,34 @@ start() {
     log "ports $port and $((port + 1)) are in use by processes this script did not start"
     return 1
   fi
-  # A fresh member every run: a data dir left by another run would carry
-  # its cluster ID, members and keys.
+  # A fresh member every start: a data dir left by another run would
+  # carry its cluster ID, members and keys (restart keeps them).
   rm -rf "$base/data"
+  echo "$port" >"$base/port"
+  launch
+}
+
+# restart starts the member again on the data and the port of DIR's last
+# start.
+restart() {
+  install
+  if [ ! -d "$base/data" ] || [ ! -f "$base/port" ]; then
+    log "no member to restart in $base: run \"$0 start $dir\" first"
+    return 1
+  fi
+  stop
+  port=$(cat "$base/port")
+  if port_busy "$port" || port_busy $((port + 1)); then
+    log "ports $port and $((port + 1)) are in use by processes this script did not start"
+    return 1
+  fi
+  launch
+}
+
+# launch runs the member on $port with its data in $base/data (new or
+# kept) and waits until it is healthy.
+launch() {
+  local i endpoint
   endpoint="http://127.0.0.1:$port"
   # setsid: the member must not get the terminal's signals, and must
   # outlive this script (scripts/test.sh stops it with "stop").
@@ -122,15 +163,15 @@ start() {
 }
 
 case "$cmd" in
-start)
-  if ! start; then
+start | restart)
+  if ! "$cmd"; then
     stop
     exit 1
   fi
   ;;
 stop) stop ;;
 *)
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|stop|restart DIR" >&2
   exit 2
   ;;
 esac

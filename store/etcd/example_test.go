@@ -10,6 +10,7 @@ import (
 	"github.com/exactlyonce/idempotency"
 	idemetcd "github.com/exactlyonce/idempotency/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // A payment handler de-duplicated through etcd: the second call with the
@@ -18,6 +19,10 @@ func ExampleNew() {
 	client, err := clientv3.New(clientv3.Config{
 		Endpoints:   strings.Split(os.Getenv("IDEM_ETCD_ENDPOINTS"), ","),
 		DialTimeout: 5 * time.Second,
+		// The client logs a warning to stderr for every retry while etcd
+		// is unreachable: silence it, or give it your logger at
+		// zap.ErrorLevel. The store's errors say what failed.
+		Logger: zap.NewNop(),
 	})
 	if err != nil {
 		panic(err)
@@ -57,7 +62,7 @@ func ExampleNew() {
 // the store's prefix. Duplicates that wait (WithWait) are woken by an etcd
 // watch on the record.
 func ExampleNamespace() {
-	client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv("IDEM_ETCD_ENDPOINTS"), ",")})
+	client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv("IDEM_ETCD_ENDPOINTS"), ","), Logger: zap.NewNop()})
 	if err != nil {
 		panic(err)
 	}

@@ -22,7 +22,20 @@ import (
 // a prefix of another's: a range from base+"h" to base+"s", or over
 // base+"c/", holds keys of one record only, whatever the keys are. The
 // suffixes sort c/ < h < l, so one range reads the record and its live
-// marker, and another the checkpoints.
+// marker, another the checkpoints, and one from base+"c/" to base+"s"
+// all three.
+//
+// While a record is STARTED it also has an entry in the store's index of
+// STARTED records, which Stuck reads instead of the keyspace:
+//
+//	<prefix>\x00s/<storage key>       empty, on the record's life lease
+//
+// Storage keys are never empty, so no record's key starts with the
+// prefix and a NUL: the index is a range of its own. The claim that
+// creates or takes over the record writes the entry, every move of the
+// record's life re-attaches it, and Complete, Release and Purge delete
+// it, each in the transaction that decides, so it costs no round trip;
+// when the life lease ends etcd deletes it with the record.
 //
 // The record key and the checkpoints are attached to one etcd lease, the
 // record's life (lease plus grace while STARTED, the retention once
@@ -33,10 +46,23 @@ import (
 // that lease.
 type recordKeys struct {
 	base string
+	plen int // the length of the store's prefix, with which base starts
 }
 
 func (s *Store) keys(storageKey string) recordKeys {
-	return recordKeys{base: s.prefix + storageKey + "\x00"}
+	return recordKeys{base: s.prefix + storageKey + "\x00", plen: len(s.prefix)}
+}
+
+// startedInfix follows the prefix in the keys of the index of STARTED
+// records; startedEnd ends their range.
+const (
+	startedInfix = "\x00s/"
+	startedEnd   = "\x00s0"
+)
+
+// started is the record's entry in the index of STARTED records.
+func (k recordKeys) started() string {
+	return k.base[:k.plen] + startedInfix + k.base[k.plen:len(k.base)-1]
 }
 
 func (k recordKeys) holder() string             { return k.base + "h" }
@@ -52,6 +78,11 @@ func (k recordKeys) metaEnd() string   { return k.base + "s" }
 func (k recordKeys) cpStart() string { return k.base + "c/" }
 func (k recordKeys) cpEnd() string   { return k.base + "c0" }
 
+// recordStart and recordEnd bound the range of the checkpoints, the
+// record and its live marker.
+func (k recordKeys) recordStart() string { return k.cpStart() }
+func (k recordKeys) recordEnd() string   { return k.metaEnd() }
+
 // allEnd ends the range of every key of the record, which starts at base.
 func (k recordKeys) allEnd() string { return k.base[:len(k.base)-1] + "\x01" }
 
@@ -64,7 +95,11 @@ const (
 // meta is what a record keeps besides its state, token and result.
 type meta struct {
 	attempt int
-	grace   time.Duration
+	// grace is, while STARTED, how long the record is kept after its
+	// lease; once COMPLETED, the retention Complete was asked for (records
+	// completed by a store older than the Inspector kept the grace there),
+	// at which Inspect caps ExpiresIn.
+	grace time.Duration
 	// fence is the fence handed out by the last takeover, or 0 when the
 	// record was never taken over: its fence is then the create revision
 	// of its key (the revision of the claim that created it).

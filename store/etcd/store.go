@@ -117,8 +117,9 @@ type Store struct {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Watcher = (*Store)(nil)
+	_ idempotency.Store     = (*Store)(nil)
+	_ idempotency.Watcher   = (*Store)(nil)
+	_ idempotency.Inspector = (*Store)(nil)
 )
 
 // New returns a store on client. It sends nothing to the server. A nil
@@ -163,7 +164,9 @@ func New(client Client, opts *Options) (*Store, error) {
 }
 
 // Capabilities reports what the store does beyond the
-// [idempotency.Store] contract: it watches (etcd's watch API), its leases
+// [idempotency.Store] contract: it watches (etcd's watch API), it lets
+// operators inspect, purge and list stuck records ([Store.Inspect],
+// [Store.Purge], [Store.Stuck]), its leases
 // are whole seconds of at least [Options.MinLease] (or [DefaultMinLease]),
 // and it keeps values up to [Options.MaxValueSize]. It asks the server
 // nothing: see [ServerMinLease] for a server whose minimum lease is not
@@ -173,7 +176,7 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 	if minLease == 0 {
 		minLease = max(DefaultMinLease, time.Duration(s.leases.raised.Load())*time.Second)
 	}
-	return idempotency.Capabilities{Watcher: s, Limits: idempotency.Limits{
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Limits: idempotency.Limits{
 		MinLease: minLease, Resolution: time.Second, MaxValueSize: s.maxValue}}
 }
 
@@ -200,6 +203,11 @@ func ServerMinLease(ctx context.Context, client Client) (time.Duration, error) {
 // checkpoints share the key's prefix up to the NUL byte before its last
 // byte), for tests and operators.
 func (s *Store) Key(storageKey string) string { return s.keys(storageKey).holder() }
+
+// StartedKey returns the etcd key of storageKey's entry in the index of
+// STARTED records, which [Store.Stuck] reads (see the README), for tests
+// and operators.
+func (s *Store) StartedKey(storageKey string) string { return s.keys(storageKey).started() }
 
 // maxCAS bounds the transactions one operation sends when the record keeps
 // changing between its read and its write. Only a holder's own concurrent
@@ -244,6 +252,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 		).Then(
 			clientv3.OpPut(k.holder(), encodeRecord(stateStarted, r.Token, fresh, nil), clientv3.WithLease(life)),
 			clientv3.OpPut(k.live(), liveValue(r.Lease), clientv3.WithLease(live)),
+			clientv3.OpPut(k.started(), "", clientv3.WithLease(life)),
 		).Else(k.readMeta()).Commit()
 		if isLeaseNotFound(err) {
 			s.leases.forget(live, life)
@@ -371,10 +380,11 @@ func (s *Store) reacquire(ctx context.Context, k recordKeys, rec record, namesKn
 	if takeover {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.live()), "=", 0))
 	}
-	ops := make([]clientv3.Op, 0, 3+len(rec.names))
+	ops := make([]clientv3.Op, 0, 4+len(rec.names))
 	ops = append(ops,
 		clientv3.OpPut(k.holder(), value, clientv3.WithLease(life)),
 		clientv3.OpPut(k.live(), liveValue(leaseLen), clientv3.WithLease(live)),
+		clientv3.OpPut(k.started(), "", clientv3.WithLease(life)),
 	)
 	for _, n := range rec.names {
 		ops = append(ops, clientv3.OpPut(k.checkpoint(n), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)))
@@ -527,10 +537,11 @@ func (s *Store) Renew(ctx context.Context, key string, token idempotency.Token, 
 			return nil, nil, err
 		}
 		life = l
-		ops := make([]clientv3.Op, 0, 2+len(st.names))
+		ops := make([]clientv3.Op, 0, 3+len(st.names))
 		ops = append(ops,
 			clientv3.OpPut(k.holder(), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)),
 			clientv3.OpPut(k.live(), liveValue(lease), clientv3.WithLease(live)),
+			clientv3.OpPut(k.started(), "", clientv3.WithLease(life)),
 		)
 		for _, n := range st.names {
 			ops = append(ops, clientv3.OpPut(k.checkpoint(n), "", clientv3.WithIgnoreValue(), clientv3.WithLease(life)))
@@ -608,7 +619,12 @@ func (s *Store) Complete(ctx context.Context, key string, token idempotency.Toke
 		if err != nil {
 			return nil, nil, err
 		}
-		ops := []clientv3.Op{clientv3.OpPut(k.holder(), encodeRecord(stateCompleted, token, st.meta, result), clientv3.WithLease(keep))}
+		m := st.meta
+		m.grace = ceilMillis(retention) // see meta.grace
+		ops := []clientv3.Op{
+			clientv3.OpPut(k.holder(), encodeRecord(stateCompleted, token, m, result), clientv3.WithLease(keep)),
+			clientv3.OpDelete(k.started()),
+		}
 		if len(st.names) > 0 {
 			ops = append(ops, clientv3.OpDelete(k.cpStart(), clientv3.WithRange(k.cpEnd())))
 		}
@@ -633,6 +649,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 		heldBy(k, stateStarted, token)...,
 	).Then(
 		clientv3.OpDelete(k.base, clientv3.WithRange(k.allEnd())),
+		clientv3.OpDelete(k.started()),
 	).Else(
 		clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.holder()), "=", 0)}, nil, nil),
 	).Commit()

@@ -219,8 +219,33 @@ var (
 // contract: it watches, sweeps and inspects, and keeps values up to
 // [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s,
+	return idempotency.Capabilities{Watcher: s, Inspector: s, Sweeper: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
+}
+
+// ClaimBatch claims each request as [Store.Claim] does: with no round
+// trip to save, it is the reference of [idempotency.Batcher], item by
+// item.
+func (s *Store) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
+	results, errs := make([]idempotency.ClaimResult, len(reqs)), make([]error, len(reqs))
+	for i, r := range reqs {
+		results[i], errs[i] = s.Claim(ctx, r)
+	}
+	return results, errs
+}
+
+// FinishBatch completes or releases each item as [Store.Complete] and
+// [Store.Release] do.
+func (s *Store) FinishBatch(ctx context.Context, items []idempotency.Finish) []error {
+	errs := make([]error, len(items))
+	for i, f := range items {
+		if f.Release {
+			errs[i] = s.Release(ctx, f.Key, f.Token)
+		} else {
+			errs[i] = s.Complete(ctx, f.Key, f.Token, f.Result, f.Retention)
+		}
+	}
+	return errs
 }
 
 // Key returns the key under which the store keeps storageKey's record,
@@ -277,6 +302,7 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	case rec.completed:
 		res.Outcome = idempotency.OutcomeReplay
 		res.Result = clone(rec.result)
+		res.ExpiresIn = rec.expires.sub(now)
 	case rec.token() == r.Token:
 		// A repeated claim whose reply was lost: same fence, lease anew.
 		s.leaseLocked(rec, now, r.Lease, r.Grace)
@@ -316,15 +342,19 @@ func (s *Store) replay(h uint64, r idempotency.ClaimRequest) (idempotency.ClaimR
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	rec := s.getLocked(h, r.Key)
-	if rec == nil || !rec.completed || rec.fingerprint() != r.Fingerprint ||
-		s.clock() >= rec.expires {
+	if rec == nil || !rec.completed || rec.fingerprint() != r.Fingerprint {
+		return idempotency.ClaimResult{}, false
+	}
+	now := s.clock()
+	if now >= rec.expires {
 		return idempotency.ClaimResult{}, false
 	}
 	return idempotency.ClaimResult{
-		Outcome: idempotency.OutcomeReplay,
-		Fence:   rec.fence,
-		Attempt: rec.attempt,
-		Result:  clone(rec.result),
+		Outcome:   idempotency.OutcomeReplay,
+		Fence:     rec.fence,
+		Attempt:   rec.attempt,
+		Result:    clone(rec.result),
+		ExpiresIn: rec.expires.sub(now),
 	}, true
 }
 

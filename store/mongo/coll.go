@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -36,15 +37,26 @@ type collection interface {
 	// collation returns the default collation of the collection, nil when
 	// it has none or does not exist yet.
 	collation(ctx context.Context) (bson.Raw, error)
-	// createTTLIndex creates the TTL index on the deletion time.
-	createTTLIndex(ctx context.Context) error
+	// createIndexes creates the TTL index on the deletion time and the
+	// partial index of STARTED records by lease deadline.
+	createIndexes(ctx context.Context) error
+	// find returns up to limit projected documents that match filter, in
+	// the order of sort.
+	find(ctx context.Context, filter, sort, projection bson.D, limit int64) ([]bson.Raw, error)
+	// serverNow runs hello and returns the server's clock (its localTime).
+	serverNow(ctx context.Context) (time.Time, error)
 	// causal returns a context whose operations run in one causally
 	// consistent session, and the function that ends it.
 	causal(ctx context.Context) (context.Context, func(), error)
 }
 
-// ttlIndexName is the name of the TTL index on the deletion time.
-const ttlIndexName = "idem_expiry"
+// ttlIndexName is the name of the TTL index on the deletion time, and
+// startedIndexName of the partial index of STARTED records (see
+// startedIndex).
+const (
+	ttlIndexName     = "idem_expiry"
+	startedIndexName = "idem_started"
+)
 
 // driverCollection sends the commands with the Go driver.
 type driverCollection struct {
@@ -144,12 +156,44 @@ func (d *driverCollection) collation(ctx context.Context) (bson.Raw, error) {
 	return nil, nil
 }
 
-func (d *driverCollection) createTTLIndex(ctx context.Context) error {
-	_, err := d.writes.Indexes().CreateOne(ctx, mongo.IndexModel{
-		Keys:    bson.D{{Key: fieldDelete, Value: 1}},
-		Options: options.Index().SetName(ttlIndexName).SetExpireAfterSeconds(0),
+func (d *driverCollection) createIndexes(ctx context.Context) error {
+	keys, filter := startedIndex()
+	_, err := d.writes.Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{
+			Keys:    bson.D{{Key: fieldDelete, Value: 1}},
+			Options: options.Index().SetName(ttlIndexName).SetExpireAfterSeconds(0),
+		},
+		{
+			Keys:    keys,
+			Options: options.Index().SetName(startedIndexName).SetPartialFilterExpression(filter),
+		},
 	})
 	return err
+}
+
+func (d *driverCollection) find(ctx context.Context, filter, sort, projection bson.D, limit int64) ([]bson.Raw, error) {
+	cur, err := d.reads.Find(ctx, filter, options.Find().SetSort(sort).SetProjection(projection).SetLimit(limit))
+	if err != nil {
+		return nil, err
+	}
+	defer cur.Close(ctx)
+	var docs []bson.Raw
+	for cur.Next(ctx) {
+		docs = append(docs, append(bson.Raw(nil), cur.Current...))
+	}
+	return docs, cur.Err()
+}
+
+func (d *driverCollection) serverNow(ctx context.Context) (time.Time, error) {
+	hello, err := d.writes.Database().RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Raw()
+	if err != nil {
+		return time.Time{}, err
+	}
+	now, ok := hello.Lookup("localTime").TimeOK()
+	if !ok {
+		return time.Time{}, fmt.Errorf("hello has no localTime: %s", hello)
+	}
+	return now, nil
 }
 
 func (d *driverCollection) causal(ctx context.Context) (context.Context, func(), error) {

@@ -42,6 +42,7 @@ type model struct {
 	hello    bson.D // hello's reply, without localTime
 	coll     bson.D // the collection's collation, if any
 	ttl      bool   // the TTL index was created
+	started  bool   // the partial index of STARTED records was created
 }
 
 func newModel(now func() time.Time) *model {
@@ -159,6 +160,12 @@ func (m *model) findOne(ctx context.Context, filter, projection bson.D) (bson.Ra
 	if !exists || !matches(doc, filter, nil, now) {
 		return nil, nil
 	}
+	return bson.Marshal(project(doc, projection, now))
+}
+
+// project applies a find projection: the _id, fields included with 1,
+// and computed fields.
+func project(doc, projection bson.D, now bson.DateTime) bson.D {
 	out := bson.D{{Key: fieldID, Value: lookup(doc, fieldID)}}
 	for _, p := range projection {
 		var v any
@@ -171,7 +178,7 @@ func (m *model) findOne(ctx context.Context, filter, projection bson.D) (bson.Ra
 			out = append(out, bson.E{Key: p.Key, Value: v})
 		}
 	}
-	return bson.Marshal(out)
+	return out
 }
 
 func (m *model) expiredIDs(ctx context.Context, now time.Time, limit int64) ([]any, error) {
@@ -241,12 +248,63 @@ func (m *model) collation(ctx context.Context) (bson.Raw, error) {
 	return bson.Marshal(m.coll)
 }
 
-func (m *model) createTTLIndex(ctx context.Context) error {
+func (m *model) createIndexes(ctx context.Context) error {
 	defer m.done("createIndexes")
 	m.mu.Lock()
-	m.ttl = true
+	m.ttl, m.started = true, true
 	m.mu.Unlock()
 	return nil
+}
+
+// find runs a query: the filter on every document, then the sort and the
+// limit, then the projection (as findOne's).
+func (m *model) find(ctx context.Context, filter, sort, projection bson.D, limit int64) ([]bson.Raw, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	defer m.done("find")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clockNow()
+	var found []bson.D
+	for _, doc := range m.docs {
+		if matches(doc, filter, nil, now) {
+			found = append(found, doc)
+		}
+	}
+	slices.SortFunc(found, func(a, b bson.D) int {
+		for _, k := range sort {
+			if c := compare(lookup(a, k.Key), lookup(b, k.Key)); c != 0 {
+				if normalize(k.Value) == int64(-1) {
+					return -c
+				}
+				return c
+			}
+		}
+		return 0
+	})
+	if limit > 0 && int64(len(found)) > limit {
+		found = found[:limit]
+	}
+	out := make([]bson.Raw, len(found))
+	for i, doc := range found {
+		raw, err := bson.Marshal(project(doc, projection, now))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = raw
+	}
+	return out, nil
+}
+
+func (m *model) serverNow(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	defer m.done("hello")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.clockNow().Time(), nil
 }
 
 func (m *model) causal(ctx context.Context) (context.Context, func(), error) {
@@ -334,9 +392,19 @@ func matches(doc, filter bson.D, vars map[string]any, now bson.DateTime) bool {
 			if cond, ok := e.Value.(bson.D); ok && len(cond) > 0 && strings.HasPrefix(cond[0].Key, "$") {
 				for _, c := range cond {
 					switch c.Key {
-					case "$lt":
+					case "$lt", "$lte", "$gt", "$gte":
+						// Type bracketing: a comparison matches values of
+						// the operand's type class only.
 						want := normalize(c.Value)
-						if got == missing || typeClass(got) != typeClass(want) || compare(got, want) >= 0 {
+						if got == missing || typeClass(got) != typeClass(want) {
+							return false
+						}
+						cmp := compare(got, want)
+						if !map[string]bool{"$lt": cmp < 0, "$lte": cmp <= 0, "$gt": cmp > 0, "$gte": cmp >= 0}[c.Key] {
+							return false
+						}
+					case "$type":
+						if got == missing || typeName(got) != c.Value.(string) {
 							return false
 						}
 					case "$in":

@@ -79,8 +79,10 @@ type Options struct {
 	// a replayed result is one a failover cannot roll back.
 	ReadConcern *readconcern.ReadConcern
 
-	// SkipIndex leaves the TTL index to the operator: [Store.Migrate] does not
-	// create it. Without it expired records stay until Sweep deletes them.
+	// SkipIndex leaves the indexes to the operator: [Store.Migrate] creates
+	// neither the TTL index (without it expired records stay until Sweep
+	// deletes them) nor the partial index of STARTED records (without it
+	// [Store.Stuck] scans the collection). See the README for both.
 	SkipIndex bool
 
 	// SweepBatch is how many records each of Sweep's commands deletes.
@@ -90,8 +92,8 @@ type Options struct {
 
 // Store is an [idempotency.Store] on a MongoDB collection, one document
 // per record. It is safe for concurrent use. It implements
-// [idempotency.Sweeper] and [idempotency.Watcher] (effective on replica
-// sets and sharded clusters).
+// [idempotency.Sweeper], [idempotency.Inspector] and [idempotency.Watcher]
+// (effective on replica sets and sharded clusters).
 type Store struct {
 	c          collection
 	drv        *driverCollection // nil when c is not the driver's
@@ -105,17 +107,20 @@ type Store struct {
 }
 
 var (
-	_ idempotency.Store   = (*Store)(nil)
-	_ idempotency.Sweeper = (*Store)(nil)
-	_ idempotency.Watcher = (*Store)(nil)
+	_ idempotency.Store     = (*Store)(nil)
+	_ idempotency.Sweeper   = (*Store)(nil)
+	_ idempotency.Watcher   = (*Store)(nil)
+	_ idempotency.Inspector = (*Store)(nil)
 )
 
 // Capabilities reports what the store does beyond the [idempotency.Store]
-// contract: it sweeps, watches through change streams (on a replica set or
-// a sharded cluster; a standalone server's Watch reports that it cannot,
-// and callers poll), and keeps values up to [Options.MaxValueSize].
+// contract: it sweeps, lets operators inspect, purge and list stuck
+// records ([Store.Inspect], [Store.Purge], [Store.Stuck]), watches through
+// change streams (on a replica set or a sharded cluster; a standalone
+// server's Watch reports that it cannot, and callers poll), and keeps
+// values up to [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	return idempotency.Capabilities{Watcher: s, Sweeper: s,
+	return idempotency.Capabilities{Watcher: s, Sweeper: s, Inspector: s,
 		Limits: idempotency.Limits{MaxValueSize: s.maxValue}}
 }
 
@@ -126,7 +131,7 @@ func (s *Store) Key(storageKey string) string { return storageKey }
 
 // New returns a store on coll, which it never closes or drops. opts may
 // be nil. New sends nothing: the first operation (or [Store.Migrate], to
-// fail early) checks the server and creates the TTL index. It returns an
+// fail early) checks the server and creates the indexes. It returns an
 // error wrapping idempotency.ErrInvalidArgument for a nil collection or
 // unusable options.
 //
@@ -191,7 +196,8 @@ func newStore(c collection, o Options) *Store {
 // Migrate checks that the server can run the store and prepares the
 // collection: MongoDB [MinServerVersion] or later (not FerretDB), a
 // collection without a default collation (keys compare byte for byte),
-// and the TTL index on the deletion time (unless [Options.SkipIndex]). It
+// the TTL index on the deletion time and the partial index of STARTED
+// records by lease deadline, for Stuck (unless [Options.SkipIndex]). It
 // also learns whether the deployment has change streams, for Watch. Every
 // operation runs it first until it succeeds once, so calling it is only
 // needed to fail at start-up rather than at the first request. Errors
@@ -220,8 +226,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return err
 	}
 	if !s.skipIndex {
-		if err := s.c.createTTLIndex(ctx); err != nil {
-			return s.fail(ctx, "setup: creating the TTL index "+ttlIndexName, err)
+		if err := s.c.createIndexes(ctx); err != nil {
+			return s.fail(ctx, "setup: creating the indexes "+ttlIndexName+" and "+startedIndexName, err)
 		}
 	}
 	s.canWatch.Store(hasChangeStreams(hello))

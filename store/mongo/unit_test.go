@@ -659,7 +659,7 @@ func TestMigrate(t *testing.T) {
 	m.info = newModel(nil).info // upgraded
 	claimOK(t, s, "k", "f", "t", time.Second, 0)
 	claimOK(t, s, "k2", "f", "t", time.Second, 0)
-	if m.commands["buildInfo+hello"] != 3 || !m.ttl {
+	if m.commands["buildInfo+hello"] != 3 || !m.ttl || !m.started {
 		t.Errorf("setup ran %d times (index %v), want twice refused then once", m.commands["buildInfo+hello"], m.ttl)
 	}
 	if !s.canWatch.Load() {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/edge"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -21,9 +22,10 @@ type TxExecutorOptions struct {
 	// TxOptions are the options of every transaction (isolation level,
 	// access mode). Default: the server's default isolation (READ
 	// COMMITTED), read-write. At READ COMMITTED a concurrent duplicate
-	// waits on the key's row lock (see [Options.TxLockWait]) and then
-	// replays; at REPEATABLE READ or SERIALIZABLE it fails with a
-	// serialization failure and its next attempt replays.
+	// waits on the key's row lock for at most [Options.TxLockWait] and
+	// then replays, or answers in progress; at REPEATABLE READ or
+	// SERIALIZABLE it fails with a serialization failure and its next
+	// attempt replays.
 	TxOptions pgx.TxOptions
 	// MaxAttempts bounds how many times a transaction that fails with a
 	// serialization failure or a deadlock ([IsRetryable]) is run again
@@ -50,10 +52,19 @@ type TxExecutorOptions struct {
 //     repeat them (a commit whose reply was lost may have committed; then
 //     the retry replays). An HTTP client then gets 503, never a response
 //     whose writes did not commit;
-//   - a concurrent duplicate waits on the key's row lock and replays the
-//     first call's result once it commits (or runs fn, if it rolled
-//     back); with [Options.TxLockWait] it gives up with an
-//     [*idempotency.InProgressError] instead (HTTP 409).
+//   - a concurrent duplicate waits on the key's row lock for at most
+//     [Options.TxLockWait] (default 50 ms) and replays the first call's
+//     result if it commits within that (or runs fn, if it rolled back);
+//     else it gives up with an [*idempotency.InProgressError] (HTTP 409).
+//     Its transaction, and the connection, are held only for that wait,
+//     never for the length of the other call. On a runner with
+//     [idempotency.WithWait] it then waits between transactions, holding
+//     no connection: it rolls back, pauses (the lock wait at first,
+//     doubling up to a second, never past the other holder's retry hint
+//     or the end of the runner's wait) and runs a new transaction, until
+//     the first call's result replays, fn runs (the first call rolled
+//     back) or the wait is over. Each transaction is one call of [DoTx]
+//     for the runner's observers.
 //
 // Beginning and committing are bounded by the runner's store timeout
 // ([idempotency.WithStoreTimeout]), so a database that stops answering
@@ -64,6 +75,7 @@ type TxExecutorOptions struct {
 type TxExecutor struct {
 	db     TxBeginner
 	runner *idempotency.Runner
+	store  *Store // the runner's
 	opts   TxExecutorOptions
 }
 
@@ -74,7 +86,8 @@ var _ idempotency.Executor = (*TxExecutor)(nil)
 // which must be a Runner on a [*Store] (or on a wrapper of one, as for
 // [DoTx]). It returns an error wrapping
 // [idempotency.ErrInvalidArgument] for a nil db or runner, a runner on
-// another store, or invalid options.
+// another store, a store whose [Options.TxLockWait] is not shorter than
+// the runner's store timeout, or invalid options.
 func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions) (*TxExecutor, error) {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w: postgres: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
@@ -85,10 +98,11 @@ func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions
 	case r == nil:
 		return nil, invalid("nil runner")
 	}
-	if _, _, err := bindTx(context.Background(), r, nil); err != nil {
+	_, b, err := bindTx(context.Background(), r, nil)
+	if err != nil {
 		return nil, err
 	}
-	e := &TxExecutor{db: db, runner: r}
+	e := &TxExecutor{db: db, runner: r, store: b.store}
 	if opts != nil {
 		e.opts = *opts
 	}
@@ -101,6 +115,10 @@ func NewTxExecutor(db TxBeginner, r *idempotency.Runner, opts *TxExecutorOptions
 	return e, nil
 }
 
+// Retention is the runner's retention ([idempotency.Runner.Retention]),
+// so that an edge on this executor can tell when a key expires.
+func (e *TxExecutor) Retention() time.Duration { return e.runner.Retention() }
+
 // Execute runs fn at most once for req in a transaction of its own, as
 // [TxExecutor] describes.
 func (e *TxExecutor) Execute(ctx context.Context, req idempotency.Request, fn func(ctx context.Context) ([]byte, error)) (idempotency.Result[[]byte], error) {
@@ -108,17 +126,31 @@ func (e *TxExecutor) Execute(ctx context.Context, req idempotency.Request, fn fu
 		return idempotency.Result[[]byte]{}, fmt.Errorf("%w: postgres: nil fn", idempotency.ErrInvalidArgument)
 	}
 	backoff := 2 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	// A duplicate of a running call waits for it between transactions
+	// (this one rolled back already), until waited ends.
+	waited, stopWait := ctx, context.CancelFunc(func() {})
+	if w := e.runner.Wait(); w > 0 {
+		waited, stopWait = context.WithTimeout(ctx, w)
+	}
+	defer stopWait()
+	pause := e.store.opts.TxLockWait
+	for attempt := 1; ; {
 		res, err := e.once(ctx, req, fn)
+		if res.Outcome == idempotency.OutcomeInProgress && waited != ctx && waited.Err() == nil {
+			if err := edge.Sleep(waited, min(pause, max(res.RetryAfter, time.Millisecond))); err != nil && ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			// After the last pause (the wait is over), one more
+			// transaction, whose answer is the call's.
+			pause = min(2*pause, time.Second)
+			continue
+		}
 		if err == nil || attempt >= e.opts.MaxAttempts || !IsRetryable(err) || ctx.Err() != nil {
 			return res, err
 		}
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(backoff) + 1)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		attempt++
+		if edge.Sleep(ctx, time.Duration(rand.Int64N(int64(backoff)+1))) != nil {
 			return res, err
-		case <-t.C:
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}

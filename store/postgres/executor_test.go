@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/httpidem"
@@ -22,7 +23,7 @@ import (
 // mode: the handler inserts the payment row through the executor's
 // transaction. A body with "fail" makes it write its row and then answer
 // 500, and a body with "decline" answers 402 after writing: both to see
-// what is rolled back.
+// what is rolled back. After the insert it calls e.hold, when set.
 func payServer(t *testing.T, e *txEnv, opts *postgres.TxExecutorOptions) *httptest.Server {
 	t.Helper()
 	exec, err := postgres.NewTxExecutor(e.pool, e.runner, opts)
@@ -48,6 +49,9 @@ func payServer(t *testing.T, e *txEnv, opts *postgres.TxExecutorOptions) *httpte
 		if err := tx.QueryRow(r.Context(), "INSERT INTO "+e.effects+" (key, note) VALUES ($1, $2) RETURNING id", key, string(body)).Scan(&id); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
+		}
+		if e.hold != nil {
+			e.hold(key)
 		}
 		switch {
 		case strings.Contains(string(body), "fail"):
@@ -92,21 +96,27 @@ func (e *txEnv) scopedKeyRows(t *testing.T, key string) int {
 }
 
 // TestHTTPTxConcurrentDuplicates: 20 concurrent duplicates of a payment
-// through the middleware in transactional mode make one payment row. At
-// READ COMMITTED the duplicates wait on the first transaction and get its
-// 201 replayed; with a lock wait they may get 409 instead; never a second
-// row or another payment's response.
+// through the middleware in transactional mode make one payment row. By
+// default a duplicate waits on the first transaction's row lock for the
+// short lock wait and gets its 201 replayed, or 409; on a runner with
+// WithWait it waits between transactions and always gets the 201
+// replayed; never a second row or another payment's response.
 func TestHTTPTxConcurrentDuplicates(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		opts     *postgres.Options
+		wait     bool
 		allow409 bool
 	}{
-		{"wait", nil, false},
-		{"lock_wait_409", &postgres.Options{TxLockWait: 50e6}, true},
+		{"default_409", nil, false, true},
+		{"runner_wait", nil, true, false},
+		{"lock_wait_1ms_409", &postgres.Options{TxLockWait: time.Millisecond}, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newTxEnv(t, c.opts)
+			if c.wait {
+				e.withRunner(t, idempotency.WithWait(time.Minute))
+			}
 			srv := payServer(t, e, nil)
 			const n = 20
 			type reply struct {
@@ -128,14 +138,9 @@ func TestHTTPTxConcurrentDuplicates(t *testing.T) {
 			var first string
 			fresh := 0
 			for _, r := range replies {
-				switch {
-				case r.status == 201 && r.replayed == "":
+				if isFresh(t, r.status, r.replayed, c.allow409) {
 					fresh++
 					first = r.body
-				case r.status == 201 && r.replayed == "true":
-				case r.status == 409 && c.allow409:
-				default:
-					t.Fatalf("reply %+v", r)
 				}
 			}
 			if fresh != 1 {
@@ -152,6 +157,22 @@ func TestHTTPTxConcurrentDuplicates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// isFresh reports whether a reply to one of concurrent duplicates is the
+// first call's own 201, and fails t for a reply that is neither that, a
+// replayed 201 nor, when allowed, a 409.
+func isFresh(t *testing.T, status int, replayed string, allow409 bool) bool {
+	t.Helper()
+	switch {
+	case status == 201 && replayed == "":
+		return true
+	case status == 201 && replayed == "true":
+	case status == 409 && allow409:
+	default:
+		t.Errorf("reply %d (replayed %q), want 201 or, if allowed (%v), 409", status, replayed, allow409)
+	}
+	return false
 }
 
 // TestHTTPTxSemantics: a changed body is 422; a handler whose answer is

@@ -20,9 +20,9 @@ import (
 // in's runner must be a Runner on a [*Store]. It reports the delivery as
 // [inbox.Inbox.Handle] does (its Disposition says what to tell the broker)
 // and the error of [DoTx]; a concurrent
-// delivery of the same event waits for this transaction and then finds
-// the event processed, or, with [Options.TxLockWait], gives up with an
-// [*idempotency.InProgressError]. Commit tx when the error is nil or
+// delivery of the same event waits for this transaction for at most
+// [Options.TxLockWait] and then finds the event processed, or gives up
+// with an [*idempotency.InProgressError]. Commit tx when the error is nil or
 // permanent (so that a poison message is recorded as such), and roll it
 // back otherwise.
 func InboxTx(ctx context.Context, in *inbox.Inbox, tx pgx.Tx, msg inbox.Message, handle func(ctx context.Context, tx pgx.Tx) error) (inbox.Delivery, error) {

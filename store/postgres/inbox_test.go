@@ -14,8 +14,9 @@ import (
 
 // TestInboxTx: an event delivered ten times concurrently and ten times
 // one after another is applied once, its row and its inbox record
-// committing together; a handler failure rolls both back and the
-// redelivery applies it.
+// committing together; a concurrent delivery that finds the first one's
+// transaction still running after the lock wait is told to retry; a
+// handler failure rolls both back and the redelivery applies it.
 func TestInboxTx(t *testing.T) {
 	e := newTxEnv(t, nil)
 	in, err := inbox.New(e.runner, "ledger")
@@ -45,7 +46,14 @@ func TestInboxTx(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 10 {
 		wg.Go(func() {
-			if _, err := deliver(msg, false); err != nil {
+			d, err := deliver(msg, false)
+			var ip *idempotency.InProgressError
+			switch {
+			case errors.As(err, &ip):
+				if d.Disposition != inbox.Retry {
+					t.Errorf("concurrent delivery in progress: %+v; want it told to retry", d)
+				}
+			case err != nil:
 				t.Errorf("concurrent delivery: %v", err)
 			}
 		})

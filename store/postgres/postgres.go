@@ -53,6 +53,13 @@ const (
 	DefaultTable        = "idempotency_keys"
 	DefaultMaxValueSize = 1 << 20
 	DefaultSweepBatch   = 1000
+	// DefaultTxLockWait is the default of [Options.TxLockWait]: long
+	// enough for the locks another call holds for a statement (a replay,
+	// a concurrent claim, a sweep's batch), far shorter than a
+	// transaction that runs fn, so a duplicate of one answers in progress
+	// after holding its connection for 50 ms, not for the length of the
+	// other transaction.
+	DefaultTxLockWait = 50 * time.Millisecond
 )
 
 // maxValueSizeLimit keeps values well under PostgreSQL's 1 GB field limit,
@@ -79,11 +86,22 @@ type Options struct {
 	// deletes, so that no sweep holds many row locks for long.
 	// Default: [DefaultSweepBatch].
 	SweepBatch int
-	// TxLockWait is how long [DoTx] waits on the row lock of a concurrent
+	// TxLockWait is how long a claim in a transaction ([DoTx], a
+	// [TxExecutor], [InboxTx]) waits on the row lock of a concurrent
 	// transaction holding the same key before giving up with an
-	// [*idempotency.InProgressError]. Zero waits until the other
-	// transaction ends (or ctx is done), then replays its result or, if it
-	// rolled back, runs fn. Default: 0.
+	// [*idempotency.InProgressError] (HTTP 409). If the other transaction
+	// ends within it, the claim replays its result or, if it rolled back,
+	// runs fn.
+	//
+	// A waiting claim holds its transaction, and so a connection and a
+	// server backend, for the whole wait: each duplicate of a running
+	// transaction costs a connection for TxLockWait. Keep it short; a
+	// [TxExecutor] on a runner with [idempotency.WithWait] waits longer
+	// between transactions, holding no connection (see the README,
+	// "What a wait costs"). It is rounded up to a millisecond, and must
+	// be shorter than the runner's store timeout
+	// ([idempotency.WithStoreTimeout], which bounds the claim), which
+	// DoTx and NewTxExecutor check. Default: [DefaultTxLockWait].
 	TxLockWait time.Duration
 	// Notify makes Complete and Release send a notification (pg_notify,
 	// in the same statement) on the table's channel, and enables
@@ -200,6 +218,9 @@ func withDefaults(opts *Options) (Options, error) {
 	if o.SweepBatch == 0 {
 		o.SweepBatch = DefaultSweepBatch
 	}
+	if o.TxLockWait == 0 {
+		o.TxLockWait = DefaultTxLockWait
+	}
 	invalid := func(format string, args ...any) (Options, error) {
 		return o, fmt.Errorf("%w: postgres: "+format, append([]any{idempotency.ErrInvalidArgument}, args...)...)
 	}
@@ -213,7 +234,7 @@ func withDefaults(opts *Options) (Options, error) {
 	case o.SweepBatch < 0:
 		return invalid("SweepBatch must be positive, got %d", o.SweepBatch)
 	case o.TxLockWait < 0:
-		return invalid("TxLockWait must not be negative, got %v", o.TxLockWait)
+		return invalid("Options.TxLockWait must not be negative, got %v", o.TxLockWait)
 	}
 	return o, nil
 }

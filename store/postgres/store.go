@@ -104,6 +104,11 @@ func (s *Store) claimRead(ctx context.Context, db DB, r idempotency.ClaimRequest
 		return res, false, false, wrapErr(ctx, "claim", err)
 	}
 	res, decided, err = claimResult(row.claimRow(r), r)
+	if err == nil && res.Outcome == idempotency.OutcomeReplay && row.expiresAt.InfinityModifier == pgtype.Finite {
+		// The read has the row's expiry and the server's clock: say when
+		// it expires at no cost.
+		res.ExpiresIn = max(row.expiresAt.Time.Sub(row.now.Time), 0)
+	}
 	return res, true, decided, err
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exactlyonce/idempotency"
+	"github.com/exactlyonce/idempotency/internal/edge"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -40,16 +41,25 @@ const (
 // r must be a Runner on a *Store, or on a wrapper of one that keeps its
 // capabilities and unwraps to it (idempotency.StoreAs); r supplies the key
 // validation, codec, error policy and retention, the Store's Options the
-// lock wait. A concurrent duplicate in another transaction blocks on the
-// key's row lock until the first transaction ends, then replays its result
-// (Result.Replayed) or, if it rolled back, runs fn itself; with
-// Options.TxLockWait set it gives up after that long with an
+// lock wait. A concurrent duplicate in another transaction waits on the
+// key's row lock for at most [Options.TxLockWait] (default
+// [DefaultTxLockWait], 50 ms): if the first transaction ends within it,
+// the duplicate replays its result (Result.Replayed) or, if it rolled
+// back, runs fn itself; else it gives up with an
 // [*idempotency.InProgressError] (Outcome OutcomeInProgress). The lock
 // wait is scoped to a savepoint, so giving up does not abort tx. A key
 // held by a live lease of Do (outside a transaction) also gives an
 // InProgressError. A call in a transaction never waits for another holder
-// ([idempotency.WithWait]): waiting would hold the transaction's
-// connection.
+// beyond that lock wait, even on a runner with [idempotency.WithWait]:
+// waiting would hold tx, and its connection, for the length of the other
+// call. To wait, end tx and run a new one later (a [TxExecutor] does, on
+// a runner with WithWait). A replay, a mismatch or an in-progress answer
+// keeps no lock on the key's row: only the transaction that claims the
+// key holds it, until it ends.
+//
+// DoTx returns an error wrapping [idempotency.ErrInvalidArgument] when
+// Options.TxLockWait is not shorter than r's store timeout
+// ([idempotency.WithStoreTimeout]), which bounds the claim.
 //
 // What fn returns:
 //   - success: the value is recorded and returned;
@@ -103,6 +113,9 @@ func bindTx(ctx context.Context, r *idempotency.Runner, tx pgx.Tx) (context.Cont
 	s, ok := idempotency.StoreAs[*Store](r.Store())
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: postgres: the transactional mode needs a Runner on a *postgres.Store, not %T", idempotency.ErrInvalidArgument, r.Store())
+	}
+	if w, limit := s.opts.TxLockWait, r.StoreTimeout(); w >= limit {
+		return nil, nil, fmt.Errorf("%w: postgres: Options.TxLockWait (%v) must be shorter than the runner's store timeout (idempotency.WithStoreTimeout, %v), which bounds the claim: a longer lock wait ends as a store error, not as in progress, after holding a connection for the whole store timeout", idempotency.ErrInvalidArgument, w, limit)
 	}
 	b := &txBinding{store: s, tx: tx}
 	ctx = context.WithValue(ctx, txKey{}, b)
@@ -171,8 +184,8 @@ func (s *Store) Discard(ctx context.Context, key string, token idempotency.Token
 	return nil
 }
 
-// claimTx runs the claim inside a savepoint of tx, under Options.TxLockWait
-// if set, and leaves the savepoints set (claim, then fn) for the caller to
+// claimTx runs the claim inside a savepoint of tx, under Options.TxLockWait,
+// and leaves the savepoints set (claim, then fn) for the caller to
 // release or roll back to. On an error it rolls back to the savepoint
 // first, so tx stays usable unless the error lost it (40001, 40P01, a
 // broken connection).
@@ -181,9 +194,12 @@ func (s *Store) claimTx(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequ
 	if err != nil || res.Outcome == idempotency.OutcomeAcquired || res.RetryAfter == lockWaited {
 		return res, err
 	}
-	// Not the caller's to run: the savepoints are not needed.
-	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+savepointClaim); err != nil {
-		return idempotency.ClaimResult{}, wrapErr(ctx, "claim: release savepoint", err)
+	// Not the caller's to run (a replay, a mismatch, a key in progress):
+	// the claim wrote nothing, and rolling back to its savepoint releases
+	// the row lock it took, which would otherwise be held until tx ends and
+	// make every other transaction's claim of the key wait for it.
+	if err := undoClaim(ctx, tx); err != nil {
+		return idempotency.ClaimResult{}, err
 	}
 	return res, nil
 }
@@ -197,23 +213,19 @@ const lockWaited = time.Second + 1
 // claimTxOnce runs the claim in its savepoints, which it leaves set but
 // after a lock wait given up.
 func (s *Store) claimTxOnce(ctx context.Context, tx pgx.Tx, cr idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	wait := s.opts.TxLockWait > 0
+	lockWait := strconv.FormatInt(max(1, (s.opts.TxLockWait+time.Millisecond-1).Milliseconds()), 10)
 	for i := range claimRetries {
 		b := &pgx.Batch{}
 		if i == 0 {
 			b.Queue("SAVEPOINT " + savepointClaim)
 		}
-		if wait {
-			// lock_timeout is set for the claim only: saved in a custom
-			// setting and restored in the same batch. If the claim fails,
-			// rolling back to the savepoint restores it as well.
-			b.Queue("SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true)")
-			b.Queue("SELECT set_config('lock_timeout', $1::text, true)", strconv.FormatInt(max(1, s.opts.TxLockWait.Milliseconds()), 10))
-		}
+		// lock_timeout is set for the claim only: saved in a custom
+		// setting and restored in the same batch. If the claim fails,
+		// rolling back to the savepoint restores it as well.
+		b.Queue("SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true)")
+		b.Queue("SELECT set_config('lock_timeout', $1::text, true)", lockWait)
 		b.Queue(s.sql.claim, cr.Key, string(cr.Fingerprint), string(cr.Token), micros(cr.Lease), micros(cr.Grace))
-		if wait {
-			b.Queue("SELECT set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)")
-		}
+		b.Queue("SELECT set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)")
 		b.Queue("SAVEPOINT " + savepointFn)
 
 		var (
@@ -351,12 +363,8 @@ func RunInTx(ctx context.Context, db TxBeginner, opts pgx.TxOptions, maxAttempts
 		if err == nil || attempt >= maxAttempts || !IsRetryable(err) || ctx.Err() != nil {
 			return err
 		}
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(backoff) + 1)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if edge.Sleep(ctx, time.Duration(rand.Int64N(int64(backoff)+1))) != nil {
 			return err
-		case <-t.C:
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}

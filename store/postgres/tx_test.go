@@ -25,6 +25,9 @@ type txEnv struct {
 	runner  *idempotency.Runner
 	table   string // qualified store table
 	effects string // qualified effects table
+	// hold, when set, is called by payServer's handler after its insert,
+	// with the request's key.
+	hold func(key string)
 }
 
 func newTxEnv(t *testing.T, opts *postgres.Options) *txEnv {
@@ -47,6 +50,16 @@ func newTxEnv(t *testing.T, opts *postgres.Options) *txEnv {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// withRunner replaces e's runner by one on its store with opts.
+func (e *txEnv) withRunner(t *testing.T, opts ...idempotency.Option) {
+	t.Helper()
+	r, err := idempotency.New(e.store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.runner = r
 }
 
 // insertEffect is fn's effect: one row in the effects table. It returns the
@@ -88,9 +101,10 @@ func req(key string) idempotency.Request {
 // 32 transactions race on one key, each inserting a row through DoTx: the
 // effects table, which has no unique constraint, ends with exactly one row,
 // and every caller gets the same result. At READ COMMITTED the duplicates
-// wait on the first transaction's row lock and replay; at REPEATABLE READ
-// and SERIALIZABLE they fail with 40001 and RunInTx runs them again, and
-// then they replay.
+// wait on the first transaction's row lock (for the default lock wait; one
+// that gives up in progress runs its transaction again a little later) and
+// replay; at REPEATABLE READ and SERIALIZABLE they fail with 40001 and
+// RunInTx runs them again, and then they replay.
 func TestTxConcurrentDuplicatesOneEffect(t *testing.T) {
 	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
 		t.Run(string(iso), func(t *testing.T) {
@@ -108,15 +122,21 @@ func TestTxConcurrentDuplicatesOneEffect(t *testing.T) {
 			for i := range n {
 				wg.Go(func() {
 					<-start
-					errs[i] = postgres.RunInTx(t.Context(), e.pool, pgx.TxOptions{IsoLevel: iso}, 50, func(ctx context.Context, tx pgx.Tx) error {
-						attempts[i]++
-						res, err := postgres.DoTx(ctx, e.runner, tx, req(key), func(ctx context.Context, tx pgx.Tx) (int64, error) {
-							ran.Add(1)
-							return e.insertEffect(key)(ctx, tx)
+					for {
+						errs[i] = postgres.RunInTx(t.Context(), e.pool, pgx.TxOptions{IsoLevel: iso}, 50, func(ctx context.Context, tx pgx.Tx) error {
+							attempts[i]++
+							res, err := postgres.DoTx(ctx, e.runner, tx, req(key), func(ctx context.Context, tx pgx.Tx) (int64, error) {
+								ran.Add(1)
+								return e.insertEffect(key)(ctx, tx)
+							})
+							results[i] = res
+							return err
 						})
-						results[i] = res
-						return err
-					})
+						if !errors.Is(errs[i], idempotency.ErrInProgress) {
+							return
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
 				})
 			}
 			close(start)
@@ -744,5 +764,63 @@ func TestRunInTxAttempts(t *testing.T) {
 	})
 	if attempts != 1 || err == nil || postgres.IsRetryable(err) {
 		t.Errorf("division by zero: %d attempts, %v; want 1 attempt and a non-retryable error", attempts, err)
+	}
+}
+
+// A replay in a transaction keeps no lock on the key's row: another
+// transaction's claim of the key, while the first is still open, replays
+// too instead of waiting for it and giving up in progress.
+func TestTxReplayHoldsNoLock(t *testing.T) {
+	e := newTxEnv(t, nil)
+	ctx := t.Context()
+	key := "rl-" + randomHex(4)
+	if err := postgres.RunInTx(ctx, e.pool, pgx.TxOptions{}, 1, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := postgres.DoTx(ctx, e.runner, tx, req(key), e.insertEffect(key))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var open [2]pgx.Tx
+	for i := range open {
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		open[i] = tx
+		res, err := postgres.DoTx(ctx, e.runner, tx, req(key), func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			t.Error("fn ran for a completed key")
+			return 0, nil
+		})
+		if err != nil || !res.Replayed {
+			t.Fatalf("replay %d, with the earlier replay's transaction still open: %+v, %v; want a replay", i+1, res, err)
+		}
+	}
+	if n := e.effectRows(t, key); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+}
+
+// A lock wait that the runner's store timeout would cut short (it bounds
+// the claim) is refused by DoTx and NewTxExecutor, naming the option.
+func TestTxLockWaitLongerThanStoreTimeoutRefused(t *testing.T) {
+	e := newTxEnv(t, &postgres.Options{TxLockWait: 2 * time.Second})
+	ctx := t.Context()
+	// The default store timeout is 2 s.
+	if _, err := postgres.NewTxExecutor(e.pool, e.runner, nil); !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), "TxLockWait") {
+		t.Fatalf("NewTxExecutor: %v; want ErrInvalidArgument naming TxLockWait", err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := postgres.DoTx(ctx, e.runner, tx, req("k"), e.insertEffect("k")); !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), "TxLockWait") {
+		t.Fatalf("DoTx: %v; want ErrInvalidArgument naming TxLockWait", err)
+	}
+	// With a longer store timeout it is accepted.
+	e.withRunner(t, idempotency.WithStoreTimeout(3*time.Second))
+	if _, err := postgres.NewTxExecutor(e.pool, e.runner, nil); err != nil {
+		t.Fatalf("NewTxExecutor with a store timeout of 3 s: %v", err)
 	}
 }

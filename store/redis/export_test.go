@@ -6,10 +6,10 @@ import "time"
 // server clock stepped back would.
 func SetClockSkew(s *Store, d time.Duration) { s.clockSkew = d.Microseconds() }
 
-// FenceKey returns the key of the highest fence of storageKey.
+// FenceKey returns the key of the fence mark of storageKey's shard.
 func FenceKey(s *Store, storageKey string) string {
 	k, _ := s.keys(storageKey)
-	return k[2]
+	return k[1]
 }
 
 // Wrap is s's wrapping of an operation's error.

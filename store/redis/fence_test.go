@@ -2,11 +2,14 @@ package redis_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
 	idemredis "github.com/exactlyonce/idempotency/store/redis"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // TestFenceNeverGoesBack steps the scripts' clock back by an hour (the
@@ -91,9 +94,28 @@ func TestFenceNeverGoesBack(t *testing.T) {
 	}
 }
 
-// TestFenceMemoryOutlivesRecord: the high-water mark's time to live is
-// the record's plus FenceMemory at every step (claim, renew, complete),
-// and FenceMemory after release; it lives in the record's slot.
+// markOf reads a shard's fence mark: the highest fence it holds and the
+// mark's time to live.
+func markOf(t *testing.T, c goredis.Cmdable, s *idemredis.Store, key string) (int64, time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	fk := idemredis.FenceKey(s, key)
+	v, err := c.Get(ctx, fk).Result()
+	if err != nil {
+		t.Fatalf("mark of %q: %v", key, err)
+	}
+	f, _, _ := strings.Cut(v, ":")
+	fence, err := strconv.ParseInt(f, 10, 64)
+	if err != nil {
+		t.Fatalf("mark of %q is %q: %v", key, v, err)
+	}
+	return fence, c.PTTL(ctx, fk).Val()
+}
+
+// TestFenceMemoryOutlivesRecord: the shard's fence mark holds a fence at
+// least the record's and lives at least FenceMemory past the record at
+// every step (claim, renew, complete), and at least FenceMemory after
+// release and purge, which leave it alone; it lives in the record's slot.
 func TestFenceMemoryOutlivesRecord(t *testing.T) {
 	c := newSingle(t)
 	const memory = 5 * time.Minute
@@ -107,53 +129,53 @@ func TestFenceMemoryOutlivesRecord(t *testing.T) {
 	if err1 != nil || err2 != nil || fs != rs {
 		t.Fatalf("fence key %q in slot %d (%v), record in %d (%v)", fk, fs, err1, rs, err2)
 	}
-	check := func(step string, want time.Duration) {
+	// check: the mark lives at least the record's time to live plus the
+	// memory, and at most more besides.
+	check := func(step string, fence int64, more time.Duration) {
 		t.Helper()
 		rec, err := c.PTTL(ctx, s.Key(key)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		hw, err := c.PTTL(ctx, fk).Result()
-		if err != nil {
-			t.Fatal(err)
+		rec = max(rec, 0)
+		hf, hw := markOf(t, c, s, key)
+		if hf < fence {
+			t.Errorf("%s: mark holds fence %d, below the record's %d", step, hf, fence)
 		}
-		if rec < 0 {
-			rec = 0
-		}
-		if d := hw - (rec + want); d < -time.Second || d > time.Second {
-			t.Errorf("%s: mark lives %v, record %v; want the record's plus %v", step, hw, rec, want)
+		if d := hw - (rec + memory); d < -time.Second || d > more+time.Second {
+			t.Errorf("%s: mark lives %v, record %v; want the record's plus %v, plus at most %v", step, hw, rec, memory, more)
 		}
 	}
 	res := mustClaim(t, s, claimReq(key, "a", time.Minute), idempotency.OutcomeAcquired)
-	check("claim", memory)
-	if v, err := c.Get(ctx, fk).Int64(); err != nil || v != res.Fence {
-		t.Fatalf("mark %d (%v), want the fence %d", v, err, res.Fence)
-	}
+	check("claim", res.Fence, 0)
 	if err := s.Renew(ctx, key, "a", 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	check("renew", memory)
+	check("renew", res.Fence, 0)
 	if err := s.Complete(ctx, key, "a", []byte("r"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	check("complete", memory)
+	check("complete", res.Fence, 0)
 	if err := s.Purge(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	check("purge", memory)
-	mustClaim(t, s, claimReq(key, "b", time.Minute), idempotency.OutcomeAcquired)
+	check("purge", res.Fence, time.Hour)
+	res = mustClaim(t, s, claimReq(key, "b", time.Minute), idempotency.OutcomeAcquired)
 	if err := s.Release(ctx, key, "b"); err != nil {
 		t.Fatal(err)
 	}
-	check("release", memory)
+	check("release", res.Fence, 2*time.Hour)
 
 	// Once the store has seen a retention, claims make the mark cover it
 	// (the record's TTL plus that retention plus the memory), and a
 	// completion with that retention leaves the mark alone: it still
 	// outlives the record by the memory, and more by at most the lease
-	// and grace. A longer retention sets the mark again.
-	const key2 = "5:ttl2"
-	fk2 := idemredis.FenceKey(s, key2)
+	// and grace. A longer retention extends the mark.
+	s2 := newStore(t, c, &idemredis.Options{FenceMemory: memory})
+	mustClaim(t, s2, claimReq(key, "p", time.Minute), idempotency.OutcomeAcquired)
+	if err := s2.Complete(ctx, key, "p", []byte("r"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	pttl := func(k string) time.Duration {
 		t.Helper()
 		d, err := c.PTTL(ctx, k).Result()
@@ -162,27 +184,83 @@ func TestFenceMemoryOutlivesRecord(t *testing.T) {
 		}
 		return d
 	}
-	mustClaim(t, s, claimReq(key2, "c", time.Minute), idempotency.OutcomeAcquired)
-	if d, want := pttl(fk2)-pttl(s.Key(key2)), time.Hour+memory; d < want-time.Second || d > want+time.Second {
+	key2 := sameShard(s2, "ttl2", 2, false)[1]
+	mustClaim(t, s2, claimReq(key2, "c", time.Minute), idempotency.OutcomeAcquired)
+	_, hw := markOf(t, c, s2, key2)
+	if d, want := hw-pttl(s2.Key(key2)), time.Hour+memory; d < want-time.Second || d > want+time.Second {
 		t.Errorf("claim after a 1h retention: mark outlives the record by %v, want %v", d, want)
 	}
-	before := pttl(fk2)
-	if err := s.Complete(ctx, key2, "c", []byte("r"), time.Hour); err != nil {
+	if err := s2.Complete(ctx, key2, "c", []byte("r"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	rec, hw := pttl(s.Key(key2)), pttl(fk2)
-	if hw > before {
-		t.Errorf("complete with the covered retention set the mark again: %v, before %v", hw, before)
+	rec, hw2 := pttl(s2.Key(key2)), pttl(idemredis.FenceKey(s2, key2))
+	if hw2 > hw {
+		t.Errorf("complete with the covered retention extended the mark: %v, before %v", hw2, hw)
 	}
-	if d := hw - rec; d < memory-time.Second || d > memory+2*time.Minute+time.Second {
+	if d := hw2 - rec; d < memory-time.Second || d > memory+2*time.Minute+time.Second {
 		t.Errorf("complete with the covered retention: mark outlives the record by %v, want %v to %v more", d, memory, 2*time.Minute)
 	}
-	mustClaim(t, s, claimReq("5:ttl3", "d", time.Minute), idempotency.OutcomeAcquired)
-	if err := s.Complete(ctx, "5:ttl3", "d", []byte("r"), 3*time.Hour); err != nil {
+	key3 := sameShard(s2, "ttl3", 2, false)[1]
+	mustClaim(t, s2, claimReq(key3, "d", time.Minute), idempotency.OutcomeAcquired)
+	if err := s2.Complete(ctx, key3, "d", []byte("r"), 3*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if d := pttl(idemredis.FenceKey(s, "5:ttl3")) - pttl(s.Key("5:ttl3")); d < memory-time.Second || d > memory+time.Second {
+	if d := pttl(idemredis.FenceKey(s2, key3)) - pttl(s2.Key(key3)); d < memory-time.Second || d > memory+time.Second {
 		t.Errorf("complete with a longer retention: mark outlives the record by %v, want %v", d, memory)
+	}
+	// A claim that needs less than the mark was given keeps the longer
+	// expiry.
+	before := pttl(idemredis.FenceKey(s2, key3))
+	mustClaim(t, s, claimReq(sameShard(s2, "ttl4", 2, false)[1], "e", time.Minute), idempotency.OutcomeAcquired)
+	if after := pttl(idemredis.FenceKey(s2, key3)); after < before-time.Second {
+		t.Errorf("a claim needing less shortened the mark's life from %v to %v", before, after)
+	}
+}
+
+// TestFenceClockBackAfterExpiry: records expire by TTL (no script runs at
+// their end) while the scripts' clock steps back, by amounts from a
+// millisecond to two hours, and the same keys are claimed again: every
+// new fence is above the key's last, on the single server and on the
+// cluster, and the fences of one shard grow by one while the clock is
+// behind. Without the shard's mark (deleted), a step back hands out a
+// smaller fence, which shows the test could fail.
+func TestFenceClockBackAfterExpiry(t *testing.T) {
+	for _, tc := range deployments {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(t)
+			s := newStore(t, c, nil)
+			keys := append(sameShard(s, "back", 3, false), "4:solo", "5:other")
+			last := map[string]int64{}
+			back := time.Duration(0)
+			for _, step := range []time.Duration{time.Millisecond, 300 * time.Millisecond, time.Second, time.Hour, time.Hour} {
+				back += step
+				idemredis.SetClockSkew(s, -back+time.Duration(len(last))*time.Microsecond)
+				for _, k := range keys {
+					res := mustClaim(t, s, claimGrace(k, idempotency.Token("t"+back.String()), 20*time.Millisecond, 20*time.Millisecond), idempotency.OutcomeAcquired)
+					if res.Fence <= last[k] {
+						t.Errorf("%s, clock %v back, after expiry: fence %d after %d", k, back, res.Fence, last[k])
+					}
+					last[k] = res.Fence
+				}
+				time.Sleep(60 * time.Millisecond) // the records expire by TTL
+				for _, k := range keys {
+					if n := c.Exists(context.Background(), s.Key(k)).Val(); n != 0 {
+						t.Fatalf("%s still there after its lease and grace", k)
+					}
+				}
+			}
+
+			// The control: with the marks gone, the step wins.
+			for _, k := range keys {
+				if err := c.Del(context.Background(), idemredis.FenceKey(s, k)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			idemredis.SetClockSkew(s, -back-time.Hour)
+			if res := mustClaim(t, s, claimReq(keys[0], "z", time.Minute), idempotency.OutcomeAcquired); res.Fence >= last[keys[0]] {
+				t.Errorf("without the mark, a clock 1h further back gave fence %d after %d: the test cannot tell", res.Fence, last[keys[0]])
+			}
+		})
 	}
 }
 

@@ -63,7 +63,8 @@ func FuzzDecodeReplies(f *testing.F) {
 	for _, seed := range []string{
 		"*4\r\n:1\r\n:1796121820000000\r\n:1\r\n$0\r\n\r\n",                                               // acquired
 		"*8\r\n:1\r\n:1796121820000001\r\n:2\r\n$0\r\n\r\n$1\r\ns\r\n$1\r\n1\r\n$4\r\nstep\r\n$0\r\n\r\n", // takeover with checkpoints
-		"*4\r\n:2\r\n:1796121820000000\r\n:1\r\n$9\r\nv\"result\"\r\n",                                    // replay
+		"*5\r\n:2\r\n:1796121820000000\r\n:1\r\n$9\r\nv\"result\"\r\n:86400000\r\n",                       // replay and its time to live
+		"*4\r\n:2\r\n:1796121820000000\r\n:1\r\n$9\r\nv\"result\"\r\n",                                    // replay without its time to live
 		"*4\r\n:3\r\n:1796121820000000\r\n:1\r\n:750\r\n",                                                 // in progress
 		"*4\r\n:4\r\n:1796121820000000\r\n:1\r\n$0\r\n\r\n",                                               // mismatch
 		"*5\r\n:1\r\n:1\r\n:1\r\n$0\r\n\r\n$1\r\nx\r\n",                                                   // checkpoint without a value
@@ -72,10 +73,11 @@ func FuzzDecodeReplies(f *testing.F) {
 		"*4\r\n:9\r\n:1\r\n:1\r\n$0\r\n\r\n",                                                              // unknown outcome
 		"*4\r\n:1\r\n:0\r\n:0\r\n$0\r\n\r\n",                                                              // zero fence and attempt
 		":1\r\n", "_\r\n", "$2\r\nOK\r\n",
-		// stuck: done, last score, last member, now, records.
-		"*5\r\n:1\r\n$13\r\n1796121820000\r\n$5\r\n3:abc\r\n:1796121821000\r\n*1\r\n*4\r\n$5\r\n3:abc\r\n$13\r\n1796121820000\r\n:5000\r\n*8\r\n$1\r\ns\r\n$7\r\nstarted\r\n$1\r\nn\r\n$3\r\n123\r\n$1\r\na\r\n$1\r\n1\r\n$1\r\nl\r\n$13\r\n1796121820000\r\n",
-		"*5\r\n:0\r\n$0\r\n\r\n$0\r\n\r\n:1\r\n*1\r\n*4\r\n$1\r\nk\r\n$1\r\n1\r\n:1\r\n*2\r\n$1\r\nn\r\n$3\r\nabc\r\n",
-		"*5\r\n:0\r\n$0\r\n\r\n$0\r\n\r\n:1\r\n*1\r\n*4\r\n$1\r\nk\r\n$1\r\n1\r\n:1\r\n*4\r\n$1\r\ns\r\n$9\r\ncompleted\r\n$1\r\nf\r\n$2\r\nhx\r\n",
+		// stuck: next cursor, done, now, records (key, PTTL, fields).
+		"*4\r\n$3\r\n123\r\n:0\r\n:1796121821000\r\n*3\r\n$10\r\np:{abc}3:ab\r\n:5000\r\n*6\r\n$1\r\nn\r\n$3\r\n123\r\n$1\r\na\r\n$1\r\n1\r\n$1\r\nl\r\n$13\r\n1796121820000\r\n",
+		"*4\r\n$1\r\n0\r\n:1\r\n:1\r\n*3\r\n$8\r\np:{abc}k\r\n:1\r\n*2\r\n$1\r\nn\r\n$3\r\nabc\r\n",
+		"*4\r\n$1\r\n0\r\n:1\r\n:1\r\n*3\r\n$8\r\np:{abc}k\r\n:1\r\n*4\r\n$1\r\nr\r\n$1\r\nx\r\n$1\r\nf\r\n$2\r\nhx\r\n",
+		"*4\r\n$1\r\n0\r\n:1\r\n:1\r\n*3\r\n$3\r\nq:k\r\n:1\r\n*0\r\n",
 	} {
 		f.Add(seed)
 	}
@@ -103,19 +105,22 @@ func FuzzDecodeReplies(f *testing.F) {
 				t.Fatalf("decodeClaim(%#v): negative retry-after", v)
 			}
 		}
-		st, err := decodeStuck(v)
+		st, err := (&Store{prefix: "p:"}).decodeStuck(v)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "redis: ") {
 				t.Fatalf("decodeStuck(%#v): error %q does not name the store", v, err)
 			}
 			return
 		}
+		if st.cursor == "" {
+			t.Fatalf("decodeStuck(%#v) accepted an empty cursor", v)
+		}
 		for _, r := range st.records {
-			if s := r.info.State; s != idempotency.StateStarted && s != idempotency.StateCompleted {
+			if s := r.State; s != idempotency.StateStarted && s != idempotency.StateCompleted {
 				t.Fatalf("decodeStuck(%#v) accepted state %q", v, s)
 			}
-			if r.info.LeaseLeft < 0 || r.info.ExpiresIn < 0 {
-				t.Fatalf("decodeStuck(%#v): negative durations %+v", v, r.info)
+			if r.LeaseLeft < 0 || r.ExpiresIn < 0 {
+				t.Fatalf("decodeStuck(%#v): negative durations %+v", v, r)
 			}
 		}
 	})

@@ -2,11 +2,15 @@ package redis
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -46,12 +50,11 @@ func (s *Store) Inspect(ctx context.Context, key string) (idempotency.RecordInfo
 	return decodeRecord(key, fields, now, pttl)
 }
 
-// Purge deletes the record under key and its index entry, as
-// [idempotency.Inspector] documents, with one script; with
-// [Options.Notify] it publishes on the record's shard channel, which wakes
-// its watchers. The next claim's fence is above the purged record's: the
-// key's high-water mark outlives it by Options.FenceMemory (see the
-// README's fence section).
+// Purge deletes the record under key, as [idempotency.Inspector]
+// documents, with one script; with [Options.Notify] it publishes on the
+// record's shard channel, which wakes its watchers. The next claim's fence
+// is above the purged record's: the shard's fence mark outlives the
+// record by Options.FenceMemory (see the README's fence section).
 func (s *Store) Purge(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -60,7 +63,7 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, purgeScript, keys, false, s.notify, s.fenceMemory)
+	v, _, err := s.run(ctx, purgeScript, keys[:1], false, s.notify)
 	if err != nil {
 		return s.wrap("purge", err)
 	}
@@ -70,38 +73,42 @@ func (s *Store) Purge(ctx context.Context, key string) error {
 	return nil
 }
 
-// Paging of Stuck. Shards are read in batches, one script per shard in one
-// pipeline (on a cluster, go-redis sends each node its part at once). A
-// page starts with a small batch, in case stuck records are many (a
-// batch's shards after the one that fills the page are read for nothing),
-// and grows it while they are few, to the size a full pass over 1024
-// mostly empty shards needs: 16 + 64 + 256 × 4 shards, six round trips.
+// Bounds of Stuck. One script makes at most stuckSteps SCAN steps of
+// stuckCount keys (about 200 keys, 1 ms of the server's time at most on
+// a quiet server: a claim waits behind one script at most, see the
+// README), and one call of Stuck runs at most stuckScripts of them, one
+// after another, before it returns the page it has (which may be short,
+// or empty, with a cursor to go on from).
 const (
-	firstStuckBatch = 16
-	maxStuckBatch   = 256
-	// maxStuckWant bounds the records one script lists, and stuckBudget
-	// the entries it looks at beyond them (stale ones), so that no script
-	// holds the server long: a shard with more goes on in the next batch.
+	stuckCount   = 100
+	stuckSteps   = 2
+	stuckScripts = 128
+	// maxStuckWant bounds the records one script lists.
 	maxStuckWant = 500
-	stuckBudget  = 256
+	// stuckSetLife is how long a listing's set of listed records lives
+	// past its latest page: a listing paused for longer starts over its
+	// deduplication (and may list a record twice).
+	stuckSetLife = 10 * time.Minute
 )
 
 // Stuck lists the STARTED records whose lease has ended, as
-// [idempotency.Inspector] documents, without scanning the keyspace: it
-// reads the index of STARTED records of each shard (see [Store.Key]) in
-// shard order, each shard's entries in the order of their lease deadline,
-// taking only the entries whose deadline passed. Each entry is checked
-// against its record; entries whose record is gone or no longer STARTED
-// (it expired by TTL, or was completed) are stale and dropped. Every
-// script works on one shard, and shards are read in pipelined batches, so
-// a page costs a few round trips, not one per shard; see the package
-// README for figures.
+// [idempotency.Inspector] documents. It walks the keyspace of each node
+// (the single server, each master of a cluster, each shard of a ring) in
+// the order of their addresses, with SCAN in scripts that judge each
+// record by the server's clock as they get it, so the hot path keeps no
+// index: the listing is paid by the operator's call. A listing keeps on
+// each node a set of the records it listed (a key of the store's prefix
+// that lives 10 minutes past the listing's latest page), because SCAN
+// may return a key twice: a record stuck during the whole listing is
+// listed once; one that changes during it may be listed or not. A call
+// does a bounded amount of work (at most 128 scripts of about 200 keys
+// each) and may return a short page, even an empty one, with a
+// cursor to go on from; the cursor is "" once every node was walked.
 //
-// The cursor is opaque: it names a shard and the deadline and storage key
-// of the last entry looked at in it. Records are listed in the order of
-// their entries, so a record stuck during the whole listing is listed
-// once; a record whose lease is renewed or taken over during it moves in
-// that order, and may be listed or not.
+// The cursor is opaque: it names the listing, a node by its address and
+// the node's SCAN cursor. A node that left the deployment during the
+// listing (a failover, a resharding) makes the listing go on from the
+// next address; records may then be missed or listed twice.
 func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempotency.RecordInfo, string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
@@ -113,155 +120,160 @@ func (s *Store) Stuck(ctx context.Context, cursor string, limit int) ([]idempote
 	if err != nil {
 		return nil, "", err
 	}
+	if cursor == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		pos = position{listing: hex.EncodeToString(b[:]), scan: "0"}
+	}
+	nodes, err := s.scanNodes(ctx)
+	if err != nil {
+		return nil, "", s.wrap("stuck", err)
+	}
+	i := sort.Search(len(nodes), func(i int) bool { return nodes[i].addr >= pos.addr })
+	if i < len(nodes) && nodes[i].addr != pos.addr {
+		pos.scan = "0" // the node is gone: go on from the next one
+	}
 	var infos []idempotency.RecordInfo
-	batch, scanned := firstStuckBatch, 0
-	for pos.shard < Shards && len(infos) < limit {
-		first, n := pos, min(batch, Shards-pos.shard)
-		replies, err := s.stuckBatch(ctx, first, n, min(limit-len(infos), maxStuckWant))
+	for scripts := 0; i < len(nodes) && len(infos) < limit && scripts < stuckScripts; scripts++ {
+		n := nodes[i]
+		set, err := s.stuckSet(ctx, n, pos.listing)
 		if err != nil {
 			return nil, "", s.wrap("stuck", err)
 		}
-	shards:
-		for i, r := range replies {
-			shard := first.shard + i
-			scanned++
-			for _, rec := range r.records {
-				if len(infos) == limit {
-					return infos, pos.String(), nil
-				}
-				infos = append(infos, rec.info)
-				pos = position{shard: shard, score: rec.score, member: rec.member}
+		r, err := do(s, ctx, set, func(ctx context.Context) (stuckReply, error) {
+			v, err := stuckScript.Run(ctx, n.client, nil, s.match, pos.scan, stuckCount, stuckSteps, set,
+				stuckSetLife.Milliseconds(), min(limit-len(infos), maxStuckWant)).Result()
+			if err != nil {
+				return stuckReply{}, err
 			}
-			if !r.done {
-				pos = position{shard: shard, score: r.lastScore, member: r.lastMember}
-				break shards
-			}
-			pos = position{shard: shard + 1}
+			return s.decodeStuck(v)
+		})
+		if err != nil {
+			return nil, "", s.wrap("stuck", err)
 		}
-		// Size the next batch for the records still wanted, at the rate
-		// found so far.
-		if len(infos) == 0 {
-			batch = min(batch*4, maxStuckBatch)
-		} else {
-			need := float64(limit-len(infos)) * float64(scanned) / float64(len(infos))
-			batch = int(min(max(need+1, firstStuckBatch), maxStuckBatch))
+		infos = append(infos, r.records...)
+		pos.scan = r.cursor
+		if r.done {
+			i++
+			pos.scan = "0"
 		}
+		if i < len(nodes) {
+			pos.addr = nodes[i].addr
+		}
+	}
+	if i == len(nodes) {
+		return infos, "", nil
 	}
 	return infos, pos.String(), nil
 }
 
-// stuckReply is what stuckScript returns for a shard.
-type stuckReply struct {
-	done                  bool
-	lastScore, lastMember string
-	records               []stuckRecord
+// A scanNode is one node whose keyspace Stuck walks.
+type scanNode struct {
+	addr   string
+	client goredis.Scripter
 }
 
-type stuckRecord struct {
-	score, member string
-	info          idempotency.RecordInfo
-}
-
-// stuckBatch runs stuckScript on n shards from first, in one pipeline when
-// the client has pipelines.
-func (s *Store) stuckBatch(ctx context.Context, first position, n, want int) ([]stuckReply, error) {
-	keys := make([]string, n)
-	args := make([][]any, n)
-	for i := range n {
-		keys[i] = s.indexKey(first.shard + i)
-		args[i] = []any{want, want + stuckBudget, "", ""}
+// scanNodes returns the nodes that hold the store's keys, in the order of
+// their addresses: the masters of a cluster, the shards of a ring, or the
+// client itself.
+func (s *Store) scanNodes(ctx context.Context) ([]scanNode, error) {
+	var mu sync.Mutex
+	var nodes []scanNode
+	add := func(_ context.Context, c *goredis.Client) error {
+		mu.Lock()
+		nodes = append(nodes, scanNode{c.Options().Addr, c})
+		mu.Unlock()
+		return nil
 	}
-	args[0][2], args[0][3] = first.score, first.member
-	vals, err := do(s, ctx, keys[0], func(ctx context.Context) ([]any, error) {
-		p, ok := s.client.(pipeliner)
-		if !ok {
-			vals := make([]any, n)
-			for i := range n {
-				v, err := stuckScript.Run(ctx, s.client, keys[i:i+1], args[i]...).Result()
-				if err != nil {
-					return nil, err
-				}
-				vals[i] = v
-			}
-			return vals, nil
-		}
-		cmds := make([]*goredis.Cmd, n)
-		pipe := p.Pipeline()
-		for i := range n {
-			cmds[i] = stuckScript.EvalSha(ctx, pipe, keys[i:i+1], args[i]...)
-		}
-		_, _ = pipe.Exec(ctx) // errors are read from each command
-		// A server that lost its scripts (SCRIPT FLUSH, a restart, a
-		// failover) ran none of them: run those again with EVAL.
-		var again goredis.Pipeliner
-		for i, c := range cmds {
-			if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-				if again == nil {
-					again = p.Pipeline()
-				}
-				cmds[i] = stuckScript.Eval(ctx, again, keys[i:i+1], args[i]...)
-			}
-		}
-		if again != nil {
-			_, _ = again.Exec(ctx)
-		}
-		vals := make([]any, n)
-		for i, c := range cmds {
-			v, err := c.Result()
+	var err error
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		err = c.ForEachMaster(ctx, add)
+	case *goredis.Ring:
+		err = c.ForEachShard(ctx, add)
+	default:
+		nodes = []scanNode{{"", s.client}}
+	}
+	slices.SortFunc(nodes, func(a, b scanNode) int { return strings.Compare(a.addr, b.addr) })
+	return nodes, err
+}
+
+// stuckSet returns the key of the listing's set on node n: a key of the
+// store's prefix, with the tag of the first shard the node serves, so
+// that the node's script may use it.
+func (s *Store) stuckSet(ctx context.Context, n scanNode, listing string) (string, error) {
+	key := func(shard int) string {
+		b := make([]byte, 0, len(s.prefix)+tagLen+len(stuckInfix)+len(listing))
+		b = appendTag(append(b, s.prefix...), shard)
+		return string(append(append(b, stuckInfix...), listing...))
+	}
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		for shard := range Shards {
+			m, err := c.MasterForKey(ctx, key(shard))
 			if err != nil {
-				return nil, err
+				return "", err
 			}
-			vals[i] = v
+			if m.Options().Addr == n.addr {
+				return key(shard), nil
+			}
 		}
-		return vals, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	replies := make([]stuckReply, n)
-	for i, v := range vals {
-		if replies[i], err = decodeStuck(v); err != nil {
-			return nil, err
+		return "", fmt.Errorf("node %s serves none of the store's shards", n.addr)
+	case *goredis.Ring:
+		for shard := range Shards {
+			m, err := c.GetShardClientForKey(key(shard))
+			if err != nil {
+				return "", err
+			}
+			if m.Options().Addr == n.addr {
+				return key(shard), nil
+			}
 		}
+		return "", fmt.Errorf("ring shard %s serves none of the store's shards", n.addr)
 	}
-	return replies, nil
+	return key(0), nil
+}
+
+// stuckInfix follows the tag in the key of a listing's set, before the
+// listing's id.
+const stuckInfix = "\x00stuck:"
+
+// stuckReply is what stuckScript returns for a node.
+type stuckReply struct {
+	cursor  string
+	done    bool
+	records []idempotency.RecordInfo
 }
 
 // decodeStuck reads stuckScript's reply.
-func decodeStuck(v any) (stuckReply, error) {
+func (s *Store) decodeStuck(v any) (stuckReply, error) {
 	bad := func() (stuckReply, error) {
-		return stuckReply{}, fmt.Errorf("redis: stuck: unexpected reply %v", v)
+		return stuckReply{}, fmt.Errorf("redis: stuck: unexpected reply %.200v", v)
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != 5 {
+	if !ok || len(a) != 4 {
 		return bad()
 	}
-	done, ok1 := a[0].(int64)
-	lastScore, ok2 := a[1].(string)
-	lastMember, ok3 := a[2].(string)
-	now, ok4 := a[3].(int64)
-	recs, ok5 := a[4].([]any)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+	cursor, ok1 := a[0].(string)
+	done, ok2 := a[1].(int64)
+	now, ok3 := a[2].(int64)
+	recs, ok4 := a[3].([]any)
+	if !ok1 || !ok2 || !ok3 || !ok4 || len(recs)%3 != 0 || strings.Trim(cursor, "0123456789") != "" || cursor == "" {
 		return bad()
 	}
-	r := stuckReply{done: done == 1, lastScore: lastScore, lastMember: lastMember}
-	for _, rv := range recs {
-		rec, ok := rv.([]any)
-		if !ok || len(rec) != 4 {
+	r := stuckReply{cursor: cursor, done: done == 1}
+	for i := 0; i < len(recs); i += 3 {
+		k, ok1 := recs[i].(string)
+		pttl, ok2 := recs[i+1].(int64)
+		fields, ok3 := recs[i+2].([]any)
+		if !ok1 || !ok2 || !ok3 || len(k) < len(s.prefix)+tagLen || !strings.HasPrefix(k, s.prefix) {
 			return bad()
 		}
-		member, ok1 := rec[0].(string)
-		score, ok2 := rec[1].(string)
-		pttl, ok3 := rec[2].(int64)
-		fields, ok4 := rec[3].([]any)
-		if !ok1 || !ok2 || !ok3 || !ok4 {
-			return bad()
-		}
-		info, err := decodeRecord(member, fields, now, pttl)
+		info, err := decodeRecord(k[len(s.prefix)+tagLen:], fields, now, pttl)
 		if err != nil {
 			return stuckReply{}, err
 		}
-		r.records = append(r.records, stuckRecord{score: score, member: member, info: info})
+		r.records = append(r.records, info)
 	}
 	return r, nil
 }
@@ -269,8 +281,9 @@ func decodeStuck(v any) (stuckReply, error) {
 // decodeRecord reads a record's fields (HGETALL) into a RecordInfo, with
 // the server's now and the record's PTTL, both in ms.
 func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.RecordInfo, error) {
-	info := idempotency.RecordInfo{Key: key}
+	info := idempotency.RecordInfo{Key: key, Attempt: 1} // a is absent for 1
 	var lease int64
+	hasResult := false
 	for i := 0; i+1 < len(fields); i += 2 {
 		name, _ := fields[i].(string)
 		value, _ := fields[i+1].(string)
@@ -278,15 +291,16 @@ func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.Record
 		switch {
 		case name == "f":
 			info.Fingerprint, err = decodeFingerprint(value)
-		case name == "s":
-			info.State = idempotency.State(value)
 		case name == "n":
 			info.Fence, err = strconv.ParseInt(value, 10, 64)
 		case name == "a":
 			info.Attempt, err = strconv.Atoi(value)
-		case name == "l":
-			lease, err = strconv.ParseInt(value, 10, 64)
+		case name == "l": // "<deadline>:<grace>:<m>"
+			info.State = idempotency.StateStarted
+			deadline, _, _ := strings.Cut(value, ":")
+			lease, err = strconv.ParseInt(deadline, 10, 64)
 		case name == "r":
+			hasResult = true
 			info.Result = []byte(value)
 		case strings.HasPrefix(name, "c:"):
 			if info.Checkpoints == nil {
@@ -298,18 +312,16 @@ func decodeRecord(key string, fields []any, now, pttl int64) (idempotency.Record
 			return idempotency.RecordInfo{}, fmt.Errorf("redis: corrupt field %q of key %q: %w", name, key, err)
 		}
 	}
-	switch info.State {
-	case idempotency.StateStarted:
+	switch {
+	case info.State == idempotency.StateStarted && !hasResult:
 		info.LeaseLeft = time.Duration(max(lease-now, 0)) * time.Millisecond
 		info.Result = nil
-	case idempotency.StateCompleted:
-		if info.Result == nil {
-			info.Result = []byte{}
-		}
+	case info.State == "" && hasResult:
+		info.State = idempotency.StateCompleted
 		info.ResultSize = len(info.Result)
 		info.Checkpoints = nil
 	default:
-		return idempotency.RecordInfo{}, fmt.Errorf("redis: key %q has state %q", key, info.State)
+		return idempotency.RecordInfo{}, fmt.Errorf("redis: key %q has both a lease and a result, or neither", key)
 	}
 	if pttl > 0 {
 		info.ExpiresIn = time.Duration(pttl) * time.Millisecond
@@ -328,26 +340,21 @@ func decodeFingerprint(stored string) (idempotency.Fingerprint, error) {
 	return "", fmt.Errorf("not a stored fingerprint: %q", stored)
 }
 
-// position is a place in the listing of Stuck: a shard, and in it the
-// deadline (score) and storage key (member) of the last index entry looked
-// at, or the start of the shard when score is "".
+// position is a place in the listing of Stuck: the listing's id (which
+// names its sets), the address of the node being walked, and SCAN's
+// cursor on it ("0" for its start).
 type position struct {
-	shard         int
-	score, member string
+	listing, addr, scan string
 }
 
 // cursorVersion starts every cursor, so that a cursor of another layout is
 // refused rather than misread.
-const cursorVersion = "r1:"
+const cursorVersion = "r2:"
 
-// String returns the cursor of p: "" after the last shard, else
-// "r1:<shard, 3 hex>:<score>:<member>" in unpadded base64url, which keeps
-// any storage key printable.
+// String returns the cursor of p: "r2:<listing>:<scan cursor>:<node
+// address>" in unpadded base64url.
 func (p position) String() string {
-	if p.shard >= Shards {
-		return ""
-	}
-	return base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%s%03x:%s:%s", cursorVersion, p.shard, p.score, p.member)))
+	return base64.RawURLEncoding.EncodeToString([]byte(cursorVersion + p.listing + ":" + p.scan + ":" + p.addr))
 }
 
 // parseCursor reads a cursor made by position.String; "" is the start.
@@ -363,16 +370,13 @@ func parseCursor(cursor string) (position, error) {
 		return bad()
 	}
 	rest, ok := strings.CutPrefix(string(b), cursorVersion)
-	if !ok || len(rest) < 5 || rest[3] != ':' {
+	if !ok {
 		return bad()
 	}
-	shard, err := strconv.ParseUint(rest[:3], 16, 16)
-	if err != nil || shard >= Shards {
+	parts := strings.SplitN(rest, ":", 3)
+	if len(parts) != 3 || len(parts[0]) != 16 || strings.Trim(parts[0], "0123456789abcdef") != "" ||
+		parts[1] == "" || strings.Trim(parts[1], "0123456789") != "" {
 		return bad()
 	}
-	score, member, ok := strings.Cut(rest[4:], ":")
-	if !ok || strings.Trim(score, "0123456789") != "" || (score == "") != (member == "") {
-		return bad()
-	}
-	return position{shard: int(shard), score: score, member: member}, nil
+	return position{listing: parts[0], scan: parts[1], addr: parts[2]}, nil
 }

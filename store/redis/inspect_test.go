@@ -24,13 +24,6 @@ func tagOf(key string) string {
 	return key[i : i+strings.IndexByte(key[i:], '}')+1]
 }
 
-// indexOf returns the key of the index of STARTED records of storageKey's
-// shard: the record key's prefix and tag, a NUL, "started".
-func indexOf(s *idemredis.Store, storageKey string) string {
-	k := s.Key(storageKey)
-	return k[:strings.IndexByte(k, '}')+1] + "\x00started"
-}
-
 // sameShard returns n storage keys of the shard of the first one, made
 // from name and a counter; with wide set, some carry bytes above 0x7f.
 func sameShard(s *idemredis.Store, name string, n int, wide bool) []string {
@@ -47,30 +40,6 @@ func sameShard(s *idemredis.Store, name string, n int, wide bool) []string {
 		}
 	}
 	return keys
-}
-
-// score returns the index entry of storageKey: its score, or -1 when there
-// is none.
-func score(t *testing.T, c goredis.Cmdable, s *idemredis.Store, storageKey string) int64 {
-	t.Helper()
-	v, err := c.ZScore(context.Background(), indexOf(s, storageKey), storageKey).Result()
-	if errors.Is(err, goredis.Nil) {
-		return -1
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int64(v)
-}
-
-// leaseField reads a record's lease deadline (field l).
-func leaseField(t *testing.T, c goredis.Cmdable, s *idemredis.Store, storageKey string) int64 {
-	t.Helper()
-	l, err := c.HGet(context.Background(), s.Key(storageKey), "l").Int64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
 }
 
 // deployments are the two servers' clients, for tests and benchmarks run
@@ -151,90 +120,8 @@ func TestShardsSpreadOverMasters(t *testing.T) {
 	}
 }
 
-// TestIndexFollowsLifecycle: the index of STARTED records holds a record
-// while it is STARTED, scored by its lease deadline (field l), moved by a
-// renewal and a takeover, and dropped by completion, release and purge.
-// The index expires after the last record it lists, within a minute.
-func TestIndexFollowsLifecycle(t *testing.T) {
-	c := newSingle(t)
-	ctx := context.Background()
-	s := newStore(t, c, nil)
-
-	const k = "3:one"
-	mustClaim(t, s, claimReq(k, "a", time.Minute), idempotency.OutcomeAcquired)
-	if got, want := score(t, c, s, k), leaseField(t, c, s, k); got != want {
-		t.Fatalf("after claim: index score %d, want the lease deadline %d", got, want)
-	}
-	recTTL, idxTTL := c.PTTL(ctx, s.Key(k)).Val(), c.PTTL(ctx, indexOf(s, k)).Val()
-	if idxTTL < recTTL || idxTTL > recTTL+61*time.Second {
-		t.Errorf("index TTL %v, record TTL %v: want the index to outlive the record by at most a minute", idxTTL, recTTL)
-	}
-	if err := s.Renew(ctx, k, "a", 3*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := score(t, c, s, k), leaseField(t, c, s, k); got != want {
-		t.Fatalf("after renew: index score %d, want the new deadline %d", got, want)
-	}
-	if idxTTL, recTTL := c.PTTL(ctx, indexOf(s, k)).Val(), c.PTTL(ctx, s.Key(k)).Val(); idxTTL < recTTL {
-		t.Errorf("after a longer renewal: index TTL %v below the record's %v", idxTTL, recTTL)
-	}
-	if err := s.Checkpoint(ctx, k, "a", "step", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := score(t, c, s, k), leaseField(t, c, s, k); got != want {
-		t.Fatalf("after checkpoint: index score %d, want %d", got, want)
-	}
-	if err := s.Complete(ctx, k, "a", []byte("r"), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if got := score(t, c, s, k); got != -1 {
-		t.Fatalf("after complete: index entry %d still there", got)
-	}
-
-	const r = "3:two"
-	mustClaim(t, s, claimReq(r, "a", time.Minute), idempotency.OutcomeAcquired)
-	if err := s.Release(ctx, r, "a"); err != nil {
-		t.Fatal(err)
-	}
-	if got := score(t, c, s, r); got != -1 {
-		t.Fatalf("after release: index entry %d still there", got)
-	}
-
-	const p = "5:three"
-	mustClaim(t, s, claimGrace(p, "a", shortLease, longGrace), idempotency.OutcomeAcquired)
-	first := score(t, c, s, p)
-	time.Sleep(pastLease)
-	mustClaim(t, s, claimReq(p, "b", time.Minute), idempotency.OutcomeAcquired)
-	if got, want := score(t, c, s, p), leaseField(t, c, s, p); got != want || got <= first {
-		t.Fatalf("after takeover: index score %d, want the new deadline %d (was %d)", got, want, first)
-	}
-	mustClaim(t, s, claimReq(p, "b", 2*time.Minute), idempotency.OutcomeAcquired) // a repeated claim
-	if got, want := score(t, c, s, p), leaseField(t, c, s, p); got != want {
-		t.Fatalf("after a repeated claim: index score %d, want %d", got, want)
-	}
-	if err := s.Purge(ctx, p); err != nil {
-		t.Fatal(err)
-	}
-	if got := score(t, c, s, p); got != -1 {
-		t.Fatalf("after purge: index entry %d still there", got)
-	}
-	if n := c.Exists(ctx, s.Key(p)).Val(); n != 0 {
-		t.Fatal("after purge: record still there")
-	}
-
-	// A mismatch, a replay and an in-progress claim leave the index alone.
-	const q = "4:four"
-	mustClaim(t, s, claimReq(q, "a", time.Minute), idempotency.OutcomeAcquired)
-	before := score(t, c, s, q)
-	mustClaim(t, s, claimReq(q, "b", time.Minute), idempotency.OutcomeInProgress)
-	mustClaim(t, s, idempotency.ClaimRequest{Key: q, Fingerprint: "other", Token: "c", Lease: time.Hour}, idempotency.OutcomeMismatch)
-	if got := score(t, c, s, q); got != before {
-		t.Fatalf("an in-progress or mismatched claim moved the entry from %d to %d", before, got)
-	}
-}
-
-// TestNULKeysRefused: a storage key with a NUL could name a shard's index
-// (<prefix>{<tag>}\x00started), so every operation refuses one without
+// TestNULKeysRefused: a storage key with a NUL could name a shard's fence
+// mark (<prefix>{<tag>}\x00fence), so every operation refuses one without
 // sending anything; storage keys made by the idempotency package never
 // hold one.
 func TestNULKeysRefused(t *testing.T) {
@@ -243,7 +130,7 @@ func TestNULKeysRefused(t *testing.T) {
 	c.AddHook(&h)
 	s := newStore(t, c, nil)
 	ctx := context.Background()
-	for _, k := range []string{"\x00started", "3:a\x00b"} {
+	for _, k := range []string{"\x00fence", "3:a\x00b"} {
 		_, err1 := s.Claim(ctx, claimReq(k, "a", time.Minute))
 		err2 := s.Renew(ctx, k, "a", time.Minute)
 		err3 := s.Checkpoint(ctx, k, "a", "n", nil)
@@ -260,114 +147,6 @@ func TestNULKeysRefused(t *testing.T) {
 	if n := h.n.Load(); n != 0 {
 		t.Errorf("%d round trips for refused keys", n)
 	}
-}
-
-// TestStaleEntriesDropped: a record that expires by TTL leaves its index
-// entry behind (no script runs). Stuck does not list it and drops it; so
-// do a fresh claim in the same shard (for the two earliest entries), and
-// a Renew, Complete or Release of the gone record.
-func TestStaleEntriesDropped(t *testing.T) {
-	c := newSingle(t)
-	ctx := context.Background()
-	var s *idemredis.Store // each case's own
-	const brief = 100 * time.Millisecond
-	expire := func(keys ...string) {
-		t.Helper()
-		for _, k := range keys {
-			mustClaim(t, s, claimGrace(k, "a", brief, 0), idempotency.OutcomeAcquired)
-		}
-		time.Sleep(brief + 50*time.Millisecond)
-		for _, k := range keys {
-			if c.Exists(ctx, s.Key(k)).Val() != 0 {
-				t.Fatalf("%s has not expired", k)
-			}
-			if score(t, c, s, k) == -1 {
-				t.Fatalf("%s: no index entry left behind by its expiry", k)
-			}
-		}
-	}
-
-	t.Run("stuck", func(t *testing.T) {
-		s = newStore(t, c, nil)
-		gone := sameShard(s, "gone", 3, false)
-		stuck := gone[2]
-		mustClaim(t, s, claimGrace(stuck, "b", brief, time.Minute), idempotency.OutcomeAcquired)
-		expire(gone[:2]...)
-		infos, next, err := s.Stuck(ctx, "", 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(infos) != 1 || infos[0].Key != stuck || next != "" {
-			t.Fatalf("Stuck = %v, %q; want only %s", infos, next, stuck)
-		}
-		for _, k := range gone[:2] {
-			if got := score(t, c, s, k); got != -1 {
-				t.Errorf("%s: stale entry %d still there after Stuck", k, got)
-			}
-		}
-	})
-
-	t.Run("fresh_claim", func(t *testing.T) {
-		s = newStore(t, c, nil)
-		keys := sameShard(s, "claimed", 4, false)
-		expire(keys[:2]...)
-		mustClaim(t, s, claimReq(keys[2], "a", time.Minute), idempotency.OutcomeAcquired)
-		for _, k := range keys[:2] {
-			if got := score(t, c, s, k); got != -1 {
-				t.Errorf("%s: stale entry %d still there after a fresh claim in its shard", k, got)
-			}
-		}
-		// A live entry at the low end stays.
-		mustClaim(t, s, claimReq(keys[3], "a", time.Minute), idempotency.OutcomeAcquired)
-		if score(t, c, s, keys[2]) == -1 {
-			t.Error("a fresh claim dropped a live entry")
-		}
-	})
-
-	t.Run("holder", func(t *testing.T) {
-		s = newStore(t, c, nil)
-		expire("5:renew", "8:complete", "7:release")
-		if err := s.Renew(ctx, "5:renew", "a", time.Minute); !errors.Is(err, idempotency.ErrLeaseLost) {
-			t.Errorf("Renew of a gone record: %v", err)
-		}
-		if err := s.Complete(ctx, "8:complete", "a", nil, time.Minute); !errors.Is(err, idempotency.ErrLeaseLost) {
-			t.Errorf("Complete of a gone record: %v", err)
-		}
-		if err := s.Release(ctx, "7:release", "a"); err != nil {
-			t.Errorf("Release of a gone record: %v", err)
-		}
-		for _, k := range []string{"5:renew", "8:complete", "7:release"} {
-			if got := score(t, c, s, k); got != -1 {
-				t.Errorf("%s: stale entry %d still there", k, got)
-			}
-		}
-	})
-
-	// More stale entries in one shard than a script looks at (stuckBudget,
-	// 256 beyond what it lists): Stuck goes on in the same shard, drops
-	// them all and still lists the stuck record behind them.
-	t.Run("many", func(t *testing.T) {
-		s = newStore(t, c, nil)
-		keys := sameShard(s, "many", 2, false)
-		stuck := keys[1]
-		mustClaim(t, s, claimGrace(stuck, "a", brief, time.Minute), idempotency.OutcomeAcquired)
-		time.Sleep(brief + 20*time.Millisecond)
-		idx := indexOf(s, stuck)
-		low := score(t, c, s, stuck) - 10_000
-		zs := make([]goredis.Z, 1500)
-		for i := range zs {
-			zs[i] = goredis.Z{Score: float64(low + int64(i)), Member: fmt.Sprintf("%s-ghost%04d", keys[0], i)}
-		}
-		if err := c.ZAdd(ctx, idx, zs...).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if listed := listStuck(t, s, 10); !slices.Equal(listed, []string{stuck}) {
-			t.Fatalf("Stuck listed %v, want only %s", listed, stuck)
-		}
-		if n := c.ZCard(ctx, idx).Val(); n != 1 {
-			t.Fatalf("the index holds %d entries after Stuck, want 1", n)
-		}
-	})
 }
 
 // TestStuckManyShards claims stuck records over many shards, next to live,
@@ -478,14 +257,13 @@ func TestStuckManyShards(t *testing.T) {
 			t.Logf("%d stuck records in %d shards: %d pages of 7, %d round trips (%.1f a page), %v a page",
 				n, len(shards), pages, trips, float64(trips)/float64(pages), elapsed/time.Duration(pages))
 
-			// One page for them all, then a pass with none.
+			// Pages as large as the listing, then a pass with none.
 			h.n.Store(0)
 			start = time.Now()
-			infos, next, err := s.Stuck(ctx, "", 1000)
-			if err != nil || len(infos) != n || next != "" {
-				t.Fatalf("Stuck(limit 1000): %d records, next %q, %v; want %d, \"\"", len(infos), next, err, n)
+			if all := listStuck(t, s, 1000); len(all) != n {
+				t.Fatalf("Stuck(limit 1000) listed %d records, want %d", len(all), n)
 			}
-			t.Logf("one page of %d: %d round trips, %v", n, h.n.Load(), time.Since(start))
+			t.Logf("pages of 1000 for %d: %d round trips, %v", n, h.n.Load(), time.Since(start))
 			for k := range want {
 				if err := s.Purge(ctx, k); err != nil {
 					t.Fatal(err)
@@ -493,53 +271,24 @@ func TestStuckManyShards(t *testing.T) {
 			}
 			h.n.Store(0)
 			start = time.Now()
-			infos, next, err = s.Stuck(ctx, "", 100)
-			if err != nil || len(infos) != 0 || next != "" {
-				t.Fatalf("Stuck after purging all: %v, %q, %v", infos, next, err)
+			if all := listStuck(t, s, 100); len(all) != 0 {
+				t.Fatalf("Stuck after purging all listed %v", all)
 			}
-			t.Logf("a pass over 1024 shards with nothing stuck: %d round trips, %v", h.n.Load(), time.Since(start))
+			t.Logf("a pass with nothing stuck: %d round trips, %v", h.n.Load(), time.Since(start))
 		})
 	}
 }
 
-// TestStuckEqualDeadlines: records of one shard whose index entries share
-// a score are ordered by their storage keys byte by byte, as the sorted
-// set orders them; paging one at a time lists each once, in that order,
-// also for keys with bytes above 0x7f (which Lua's < would compare by the
-// server's locale).
-func TestStuckEqualDeadlines(t *testing.T) {
-	c := newSingle(t)
-	ctx := context.Background()
-	s := newStore(t, c, nil)
-	keys := sameShard(s, "tie", 8, true)
-	for _, k := range keys {
-		mustClaim(t, s, claimGrace(k, "a", shortLease, longGrace), idempotency.OutcomeAcquired)
-	}
-	time.Sleep(pastLease)
-	idx := indexOf(s, keys[0])
-	same := float64(score(t, c, s, keys[0]))
-	for _, k := range keys {
-		if err := c.ZAddXX(ctx, idx, goredis.Z{Score: same, Member: k}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted) // byte by byte
-	for _, limit := range []int{1, 2, 3} {
-		if listed := listStuck(t, s, limit); !slices.Equal(listed, sorted) {
-			t.Errorf("limit %d: listed %q, want %q", limit, listed, sorted)
-		}
-	}
-}
-
 // TestStuckCursor: a cursor is opaque and checked; one that this store
-// did not make is an invalid argument, as is a limit below 1.
+// did not make is an invalid argument, as is a limit below 1. A cursor
+// naming a node that is not there goes on from the next address.
 func TestStuckCursor(t *testing.T) {
 	s := newStore(t, newSingle(t), nil)
 	ctx := context.Background()
 	enc := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
-	for _, cursor := range []string{"x", "!!", enc("r0:001::"), enc("r1:400::"), enc("r1:001:12a:k"),
-		enc("r1:001::k"), enc("r1:001:12:"), enc("r1:0011:k"), enc("r1:(12:12:k")} {
+	const id = "0123456789abcdef"
+	for _, cursor := range []string{"x", "!!", enc("r1:001:12:k"), enc("r2:" + id), enc("r2:" + id + ":0"),
+		enc("r2:0123:0:"), enc("r2:" + id + "::"), enc("r2:" + id + ":1a:"), enc("r2:" + id[:15] + "g:0:")} {
 		if _, _, err := s.Stuck(ctx, cursor, 10); !errors.Is(err, idempotency.ErrInvalidArgument) {
 			t.Errorf("cursor %q: %v, want ErrInvalidArgument", cursor, err)
 		}
@@ -547,8 +296,10 @@ func TestStuckCursor(t *testing.T) {
 	if _, _, err := s.Stuck(ctx, "", 0); !errors.Is(err, idempotency.ErrInvalidArgument) {
 		t.Errorf("limit 0: %v, want ErrInvalidArgument", err)
 	}
-	if infos, next, err := s.Stuck(ctx, enc("r1:3ff:12:k"), 10); err != nil || len(infos) != 0 || next != "" {
-		t.Errorf("a cursor in the last shard: %v, %q, %v", infos, next, err)
+	// The single server's node has the address "": a cursor past it is
+	// at the end.
+	if infos, next, err := s.Stuck(ctx, enc("r2:"+id+":0:zz"), 10); err != nil || len(infos) != 0 || next != "" {
+		t.Errorf("a cursor past the last node: %v, %q, %v", infos, next, err)
 	}
 }
 
@@ -618,35 +369,9 @@ func waitSubscribed(t *testing.T, c goredis.UniversalClient, key string) {
 	t.Fatalf("nobody subscribed to %q within 5s", key)
 }
 
-// TestIndexMemory measures what the index costs (MEMORY USAGE of one
-// shard's sorted set, divided by its entries) for a typical storage key
-// of 26 bytes, at sizes where Redis keeps it compact (listpack, up to 128
-// entries by default) and where it does not (skiplist).
-func TestIndexMemory(t *testing.T) {
-	c := newSingle(t)
-	ctx := context.Background()
-	s := newStore(t, c, nil)
-	for _, n := range []int{1, 100, 1000} {
-		keys := sameShard(s, fmt.Sprintf("tenant-427:order-%d-", n), n, false)
-		for _, k := range keys {
-			mustClaim(t, s, claimReq(k, "a", time.Minute), idempotency.OutcomeAcquired)
-		}
-		idx := indexOf(s, keys[0])
-		mem, err := c.MemoryUsage(ctx, idx, 0).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		enc := c.ObjectEncoding(ctx, idx).Val()
-		t.Logf("index of %4d entries (keys of %d bytes): %s, %d bytes, %.0f bytes an entry", n, len(keys[n-1]), enc, mem, float64(mem)/float64(n))
-		if per := float64(mem) / float64(n); n > 1 && per > 200 {
-			t.Errorf("%d entries take %.0f bytes each", n, per)
-		}
-	}
-}
-
-// TestStuckAfterScriptFlush: Stuck's pipelined scripts survive servers
-// that lost their script cache (NOSCRIPT in the pipeline: the scripts run
-// again with EVAL), on a single server and on every node of a cluster.
+// TestStuckAfterScriptFlush: Stuck survives servers that lost their
+// script cache (NOSCRIPT: the script runs again with EVAL), on a single
+// server and on every node of a cluster.
 func TestStuckAfterScriptFlush(t *testing.T) {
 	for _, tc := range deployments {
 		t.Run(tc.name, func(t *testing.T) {

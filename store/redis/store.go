@@ -3,9 +3,10 @@
 // Ring clients.
 //
 // Each record is one hash; every operation is one Lua script on that key
-// (and on the index of STARTED records of the key's shard, which
-// [Store.Stuck] reads instead of scanning the keyspace), run with EVALSHA
-// (falling back to EVAL after SCRIPT FLUSH or a restart). Leases and
+// (and on its shard's fence mark, for the operations that hand out a
+// fence or make a record live longer), run with EVALSHA (falling back to
+// EVAL after SCRIPT FLUSH or a restart). [Store.Stuck], the operator's
+// call, walks the keyspace with SCAN instead: the hot path keeps no index. Leases and
 // retention are judged by the server's clock (TIME inside the script) and
 // enforced by PEXPIRE, so expired records disappear on their own. The key
 // carries a hash tag naming one of 1024 shards, derived from the whole
@@ -38,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -134,8 +136,9 @@ type Store struct {
 	replicas       int
 	replicaTimeout time.Duration
 	notify         string // "1" or "0", passed to the scripts
-	fenceMemory    int64  // ms
-	indexKeys      string // the Shards index keys, one after another (see indexKey)
+	fenceMemory    string // ms, passed to the scripts
+	markKeys       string // the Shards fence marks' keys, one after another (see markKey)
+	match          string // the SCAN pattern of the store's record keys (see Stuck)
 
 	// retention is the retention of the latest Complete, in ms (0 before
 	// the first): claims make the fence's high-water mark cover it, so
@@ -144,7 +147,8 @@ type Store struct {
 	retention atomic.Int64
 
 	// clockSkew moves the scripts' clock for claims, in µs: tests step it
-	// back to check that fences still grow. Always 0 outside tests.
+	// back to check that fences still grow. Always 0 outside tests, where
+	// claims do not send it.
 	clockSkew int64
 
 	// honoursDeadlines: the client bounds socket I/O by the context's
@@ -213,11 +217,11 @@ func New(client Client, opts *Options) (*Store, error) {
 	}
 	switch {
 	case o.FenceMemory == 0:
-		s.fenceMemory = DefaultFenceMemory.Milliseconds()
+		s.fenceMemory = strconv.FormatInt(DefaultFenceMemory.Milliseconds(), 10)
 	case o.FenceMemory < time.Millisecond:
 		return nil, fmt.Errorf("%w: redis: FenceMemory below 1ms", idempotency.ErrInvalidArgument)
 	default:
-		s.fenceMemory = millis(o.FenceMemory)
+		s.fenceMemory = strconv.FormatInt(millis(o.FenceMemory), 10)
 	}
 	if s.replicas < 0 {
 		return nil, fmt.Errorf("%w: redis: negative Replicas", idempotency.ErrInvalidArgument)
@@ -239,14 +243,15 @@ func New(client Client, opts *Options) (*Store, error) {
 		}
 		s.notify = "1"
 	}
-	// The index keys of all shards, in one string.
-	b := make([]byte, 0, Shards*(len(s.prefix)+tagLen+len(indexSuffix)))
+	// The fence marks' keys of all shards, in one string.
+	b := make([]byte, 0, Shards*(len(s.prefix)+tagLen+len(markSuffix)))
 	for shard := range Shards {
 		b = append(b, s.prefix...)
 		b = appendTag(b, shard)
-		b = append(b, indexSuffix...)
+		b = append(b, markSuffix...)
 	}
-	s.indexKeys = string(b)
+	s.markKeys = string(b)
+	s.match = globEscape(s.prefix) + "{???}*"
 	s.honoursDeadlines = honoursDeadlines(client)
 	if c, ok := client.(*goredis.Client); ok {
 		s.watch = watchOf(c)
@@ -255,8 +260,8 @@ func New(client Client, opts *Options) (*Store, error) {
 }
 
 // Shards is the number of hash tags the store's keys use (see
-// [Store.Key]). Each shard has an index of its STARTED records, which
-// [Store.Stuck] reads.
+// [Store.Key]). Each shard has a fence mark: the highest fence handed out
+// for its records (see the package README).
 const Shards = 1024
 
 // Key returns the Redis key of the record under storageKey: the prefix, a
@@ -268,10 +273,10 @@ const Shards = 1024
 // spread evenly over [Shards] tags, which Cluster spreads over its slots;
 // the storage key after the tag keeps keys distinct and readable.
 //
-// Next to the records, each shard has one more key, its index of STARTED
-// records: the prefix, the shard's tag, then a NUL and "started", e.g.
-// "idem:{1a2}\x00started". A storage key never contains a NUL (the store
-// refuses one), so the index can never be taken for a record.
+// Next to the records, each shard has one more key, its fence mark: the
+// prefix, the shard's tag, then a NUL and "fence", e.g.
+// "idem:{1a2}\x00fence". A storage key never contains a NUL (the store
+// refuses one), so the mark can never be taken for a record.
 func (s *Store) Key(storageKey string) string {
 	return s.recordKey(storageKey, shardOf(storageKey))
 }
@@ -295,11 +300,23 @@ func shardOf(storageKey string) int {
 	return int(h >> 54)
 }
 
+// globEscape escapes the characters that SCAN's MATCH gives a meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
 // tagLen is the length of a hash tag with its braces: "{3ff}".
 const tagLen = 5
 
-// indexSuffix follows the tag in a shard's index key.
-const indexSuffix = "\x00started"
+// markSuffix follows the tag in a shard's fence mark's key.
+const markSuffix = "\x00fence"
 
 func appendTag(b []byte, shard int) []byte {
 	const hexdigits = "0123456789abcdef"
@@ -314,27 +331,20 @@ func (s *Store) recordKey(storageKey string, shard int) string {
 	return string(b)
 }
 
-// indexKey returns the key of a shard's index, from the store's table.
-func (s *Store) indexKey(shard int) string {
-	n := len(s.prefix) + tagLen + len(indexSuffix)
-	return s.indexKeys[shard*n : (shard+1)*n]
+// markKey returns the key of a shard's fence mark, from the store's table.
+func (s *Store) markKey(shard int) string {
+	n := len(s.prefix) + tagLen + len(markSuffix)
+	return s.markKeys[shard*n : (shard+1)*n]
 }
 
-// fenceInfix follows the tag in the key of a storage key's highest fence,
-// before the storage key.
-const fenceInfix = "\x00f"
-
-// keys returns the record key, the index key and the fence key of
-// storageKey, refusing a storage key with a NUL, which could name an
-// index or a fence.
+// keys returns the record key and its shard's fence mark's key of
+// storageKey, refusing a storage key with a NUL, which could name a mark.
 func (s *Store) keys(storageKey string) ([]string, error) {
 	if strings.IndexByte(storageKey, 0) >= 0 {
 		return nil, fmt.Errorf("%w: redis: storage key %q contains a NUL", idempotency.ErrInvalidArgument, storageKey)
 	}
 	shard := shardOf(storageKey)
-	rk := s.recordKey(storageKey, shard)
-	n := len(s.prefix) + tagLen
-	return []string{rk, s.indexKey(shard), rk[:n] + fenceInfix + rk[n:]}, nil
+	return []string{s.recordKey(storageKey, shard), s.markKey(shard)}, nil
 }
 
 // Claim implements [idempotency.Store.Claim] with one script.
@@ -349,7 +359,11 @@ func (s *Store) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempote
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	v, waited, err := s.run(ctx, claimScript, keys, true, encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace), s.fenceMemory, s.clockSkew, s.retention.Load())
+	args := []any{encodeFingerprint(r.Fingerprint), string(r.Token), millis(r.Lease), millis(r.Grace), s.retention.Load(), s.fenceMemory}
+	if s.clockSkew != 0 {
+		args = append(args, s.clockSkew)
+	}
+	v, waited, err := s.run(ctx, claimScript, keys, true, args...)
 	if err != nil {
 		return idempotency.ClaimResult{}, s.wrap("claim", err)
 	}
@@ -439,7 +453,7 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 	if err != nil {
 		return err
 	}
-	v, _, err := s.run(ctx, releaseScript, keys, false, string(token), s.notify, s.fenceMemory)
+	v, _, err := s.run(ctx, releaseScript, keys[:1], false, string(token), s.notify)
 	return s.done("release", v, err)
 }
 
@@ -565,10 +579,15 @@ func decodeClaim(v any) (idempotency.ClaimResult, error) {
 		}
 	case idempotency.OutcomeReplay:
 		r, ok := a[3].(string)
-		if !ok || len(a) != 4 {
-			return bad("the result not one string")
+		if !ok || len(a) != 5 {
+			return bad("the result not one string and a time to live")
 		}
 		res.Result = []byte(r)
+		// The record's time to live, by the server's clock: said at the cost
+		// of one PTTL on the replay's path only.
+		if ttl, ok := a[4].(int64); ok && ttl > 0 {
+			res.ExpiresIn = time.Duration(ttl) * time.Millisecond
+		}
 	case idempotency.OutcomeInProgress:
 		ms, ok := a[3].(int64)
 		if !ok || ms < 0 || len(a) != 4 {

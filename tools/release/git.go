@@ -20,20 +20,37 @@ func git(dir string, args ...string) (string, error) {
 }
 
 // requireClean refuses a working tree with changes: what is released must
-// be exactly a commit.
-func requireClean(root string) error {
+// be exactly a commit. advice says what to do instead.
+func requireClean(root, advice string) error {
 	out, err := git(root, "status", "--porcelain", "--untracked-files=normal")
 	if err != nil {
 		return err
 	}
 	if out != "" {
-		return fmt.Errorf("the working tree has changes; release from a clean checkout:\n%s", out)
+		return fmt.Errorf("the working tree has changes; %s:\n%s", advice, out)
 	}
 	return nil
+}
+
+// isHead reports whether rev names the commit HEAD is at.
+func isHead(root, rev string) (bool, error) {
+	revs, err := git(root, "rev-parse", "HEAD^{commit}", rev+"^{commit}")
+	if err != nil {
+		return false, fmt.Errorf("revision %q: %w", rev, err)
+	}
+	f := strings.Fields(revs)
+	return len(f) == 2 && f[0] == f[1], nil
 }
 
 // tagExists reports whether the repository has the tag.
 func tagExists(root, tag string) bool {
 	_, err := git(root, "rev-parse", "--verify", "--quiet", "refs/tags/"+tag)
+	return err == nil
+}
+
+// gitHas reports whether the repository has the object name (such as
+// "HEAD:dir/go.sum").
+func gitHas(root, name string) bool {
+	_, err := git(root, "cat-file", "-e", name)
 	return err == nil
 }

@@ -1,27 +1,34 @@
 // Command release checks, prepares, verifies and tags a release of this
-// repository's published modules: the root module and every store/*
-// adapter, all tagged together at one version. RELEASING.md gives the
+// repository's published modules, all tagged together at one version. The
+// modules are those of go.work; every one is published but those under
+// internal/ and those whose go.mod says it is not, in a comment line
+// "// This module is never tagged or published" (or "... is not
+// published"), so a new module needs no edit here. RELEASING.md gives the
 // procedure; run it from anywhere in the repository:
 //
 //	go run ./tools/release check [vX.Y.Z]
 //	go run ./tools/release prepare vX.Y.Z
-//	go run ./tools/release verify [-rev REV] vX.Y.Z
+//	go run ./tools/release verify vX.Y.Z
 //	go run ./tools/release tag vX.Y.Z
 //	go run ./tools/release proxy -o DIR [-rev REV] vX.Y.Z
 //	go run ./tools/release tidy [DIR...]
+//	go run ./tools/release docs
 //
-// check reports what would stop a release: a replace directive or a
-// missing requirement version in a published go.mod, modules that require
-// each other at different versions, a go.mod missing from go.work, no
-// LICENSE. prepare rewrites every requirement on our modules to vX.Y.Z and
-// writes the root's go.sum lines into the adapters. verify serves the
-// published modules at REV (default HEAD) from a temporary file-based
-// module proxy and, in a consumer module outside the repository, go-gets
-// them all and builds and runs a program that uses them. tag creates the
-// tags after checking that HEAD is prepared. proxy only writes the proxy.
-// tidy runs go mod tidy in published modules (all by default) against this
-// checkout: a plain go mod tidy or go get there would fetch the required
-// version of the root from the module proxy.
+// check lists the modules and reports what would stop a release: a
+// replace directive or a missing requirement version in a published
+// go.mod, modules that require each other at different versions, a go.mod
+// missing from go.work, no LICENSE. prepare rewrites every requirement on
+// our modules to vX.Y.Z and writes the root's go.sum lines into the
+// adapters. verify, on a clean checkout whose HEAD is prepared (it says at
+// once when not), serves the published modules at HEAD from a temporary
+// file-based module proxy and, in a consumer module outside the
+// repository, go-gets them all and builds and runs a program that uses
+// them. tag creates the tags after the same checks. proxy only writes the
+// proxy, from the tags (or -rev REV, before tagging), and prints the
+// environment in which a go command uses it. tidy runs go mod tidy in
+// published modules (all by default) against this checkout: a plain go mod
+// tidy or go get there would fetch the required version of the root from
+// the module proxy. docs rewrites the module lists of RELEASING.md.
 package main
 
 import (
@@ -29,6 +36,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -38,10 +46,11 @@ const usage = `usage: go run ./tools/release COMMAND [ARGS]
 
   check [vX.Y.Z]                  report what would stop a release (at vX.Y.Z)
   prepare vX.Y.Z                  require vX.Y.Z everywhere; write the root's go.sum lines
-  verify [-rev REV] vX.Y.Z        build a consumer from a temporary proxy of REV (HEAD)
+  verify vX.Y.Z                   build a consumer from a temporary proxy of HEAD (committed, clean)
   tag vX.Y.Z                      check that HEAD is prepared; create the tags
   proxy -o DIR [-rev REV] vX.Y.Z  write a file-based module proxy of REV (the tags) to DIR
   tidy [DIR...]                   go mod tidy published modules (all) against this checkout
+  docs                            rewrite the module lists of RELEASING.md from go.work
 `
 
 func main() {
@@ -69,8 +78,20 @@ func run(args []string) error {
 		return err
 	}
 	root = strings.TrimSpace(root)
-	if cmd == "tidy" {
+	switch cmd {
+	case "tidy":
 		return tidyAll(root, fs.Args())
+	case "docs":
+		changed, err := writeDocs(root)
+		if err != nil {
+			return err
+		}
+		if changed {
+			fmt.Printf("rewrote the module lists of %s\n", releasingDoc)
+		} else {
+			fmt.Printf("%s lists the modules already\n", releasingDoc)
+		}
+		return nil
 	}
 	version := fs.Arg(0)
 	if fs.NArg() > 1 || (version == "" && cmd != "check") {
@@ -127,8 +148,19 @@ func run(args []string) error {
 		if err := buildProxy(root, mods, version, *rev, *out); err != nil {
 			return err
 		}
-		abs, _ := filepath.Abs(*out)
-		fmt.Printf("GOPROXY=file://%s\n", filepath.ToSlash(abs))
+		abs, err := filepath.Abs(*out)
+		if err != nil {
+			return err
+		}
+		goproxy, err := exec.Command("go", "env", "GOPROXY").Output()
+		if err != nil {
+			return fmt.Errorf("go env GOPROXY: %v", err)
+		}
+		// The rehearsal's environment (see RELEASING.md), one variable a
+		// line, to export.
+		for _, v := range rehearsalEnv(abs, strings.TrimSpace(string(goproxy))) {
+			fmt.Println(v)
+		}
 	default:
 		fs.Usage()
 		return fmt.Errorf("unknown command %q", cmd)
@@ -140,12 +172,21 @@ func run(args []string) error {
 // directory that it removes afterwards.
 func verify(root, version, rev string) error {
 	start := time.Now()
-	mods, required, err := loadChecked(root)
+	// The modules come from rev, their list from the working tree: they
+	// must be the same commit.
+	head, err := isHead(root, rev)
 	if err != nil {
 		return err
 	}
-	if required != "" && required != version {
-		return fmt.Errorf("the go.mod files require %s, not %s: run prepare %s and commit first", required, version, version)
+	if !head {
+		return fmt.Errorf("verify takes the list of modules from the working tree: check out %s first", rev)
+	}
+	if err := requireClean(root, "verify builds the modules from "+rev+", not from the working tree: commit the changes (prepare's included) first"); err != nil {
+		return err
+	}
+	mods, err := preparedAt(root, version, rev)
+	if err != nil {
+		return err
 	}
 	tmp, err := os.MkdirTemp("", "release-verify-")
 	if err != nil {

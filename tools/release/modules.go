@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -27,12 +28,26 @@ type goModule struct {
 	File      *modfile.File
 }
 
-// isPublished says which modules are released: the root, every store
-// adapter, the gRPC integration and the OpenTelemetry module. The rest
-// (examples, benchmarks, lincheck, tools) are never tagged, so they may
-// keep replace directives.
-func isPublished(dir string) bool {
-	return dir == "." || strings.HasPrefix(dir, "store/") || dir == "grpcidem" || dir == "otelidem"
+// unpublishedRE matches the comment line by which a go.mod says that its
+// module is never released.
+var unpublishedRE = regexp.MustCompile(`(?m)^//\s*This module is (never tagged or published|not published)\b`)
+
+// unpublishedMarker is how a go.mod says that its module is never
+// released (examples, benchmarks, test helpers, tools): a comment line
+// that begins with it (or with "This module is not published", for a
+// module not published yet).
+const unpublishedMarker = "// This module is never tagged or published"
+
+// isPublished says whether the module in dir, whose go.mod is gomod, is
+// released. Every module of go.work is, but those under internal/ (which
+// only this repository may import) and those whose go.mod says otherwise
+// in a comment line (see [unpublishedMarker]). So a new module is released
+// with the others, and listed in the documents that list them, without an
+// edit of this tool; a module that is not published must say so where it
+// is defined, and may then keep replace directives to the checkout.
+func isPublished(dir string, gomod []byte) bool {
+	internal := dir == "internal" || strings.HasPrefix(dir, "internal/")
+	return !internal && !unpublishedRE.Match(gomod)
 }
 
 // tagName is the tag the go command looks for when it resolves the module
@@ -79,7 +94,7 @@ func loadModules(root string) ([]*goModule, error) {
 	var mods []*goModule
 	for _, u := range work.Use {
 		dir := path.Clean(filepath.ToSlash(u.Path))
-		f, err := readModFile(root, dir)
+		f, data, err := readModData(root, dir)
 		if err != nil {
 			return nil, err
 		}
@@ -90,19 +105,26 @@ func loadModules(root string) ([]*goModule, error) {
 		if f.Module == nil || f.Module.Mod.Path != want {
 			return nil, fmt.Errorf("%s/go.mod: module path must be %s, so that the tag %s resolves to it", dir, want, tagName(dir, "vX.Y.Z"))
 		}
-		mods = append(mods, &goModule{Dir: dir, Path: want, Published: isPublished(dir), File: f})
+		mods = append(mods, &goModule{Dir: dir, Path: want, Published: isPublished(dir, data), File: f})
 	}
 	slices.SortFunc(mods, func(a, b *goModule) int { return strings.Compare(a.Dir, b.Dir) })
 	return mods, nil
 }
 
 func readModFile(root, dir string) (*modfile.File, error) {
+	f, _, err := readModData(root, dir)
+	return f, err
+}
+
+// readModData reads and parses dir/go.mod, and returns its text too.
+func readModData(root, dir string) (*modfile.File, []byte, error) {
 	name := filepath.Join(root, filepath.FromSlash(dir), "go.mod")
 	data, err := os.ReadFile(name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return modfile.Parse(name, data, nil)
+	f, err := modfile.Parse(name, data, nil)
+	return f, data, err
 }
 
 // replaced reports whether m's go.mod replaces the module path p.
@@ -136,7 +158,7 @@ func check(root string, mods []*goModule) (version string, problems []string) {
 	for _, m := range mods {
 		if m.Published {
 			for _, r := range m.File.Replace {
-				bad("%s/go.mod: replace %s: published modules must not use replace (users' go commands ignore it)", m.Dir, r.Old.Path)
+				bad("%s/go.mod: replace %s: published modules must not use replace (users' go commands ignore it); if %s is not meant to be published, say so in its go.mod with a comment line %q", m.Dir, r.Old.Path, m.Dir, unpublishedMarker+" ...")
 			}
 		}
 		for _, r := range m.File.Require {

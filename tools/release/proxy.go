@@ -87,6 +87,17 @@ func sumLines(root string, m *goModule, version, rev string) ([]string, error) {
 // serving every published module at version, each taken from rev (or, if
 // rev is empty, from its own tag). Point GOPROXY at "file://" + out.
 func buildProxy(root string, mods []*goModule, version, rev, out string) error {
+	if rev == "" {
+		var missing []string
+		for _, m := range mods {
+			if t := tagName(m.Dir, version); m.Published && !tagExists(root, t) {
+				missing = append(missing, t)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("no tag %s (not tagged yet?): pass -rev HEAD (or another revision) to serve the modules from a commit instead of their tags", strings.Join(missing, ", "))
+		}
+	}
 	for _, m := range mods {
 		if !m.Published {
 			continue
@@ -133,4 +144,20 @@ func buildProxy(root string, mods []*goModule, version, rev, out string) error {
 		}
 	}
 	return nil
+}
+
+// rehearsalEnv is the environment in which a go command outside the
+// repository takes our modules at a version that is not public yet from
+// the file proxy in dir, and every other module from goproxy (the user's
+// GOPROXY): the file proxy first (the go command goes on to the next
+// proxy when a module is not found in one), and no checksum database for
+// our modules, which has never seen the version (it answers "not found",
+// which the go command takes as an error). The other modules are still
+// checked against it.
+func rehearsalEnv(dir, goproxy string) []string {
+	proxies := fileURL(dir)
+	if goproxy != "" && goproxy != "off" {
+		proxies += "," + goproxy
+	}
+	return []string{"GOPROXY=" + proxies, "GONOSUMDB=" + rootPath}
 }

@@ -139,23 +139,3 @@ func TestReadmeQuickStart(t *testing.T) {
 			strings.Join(exampleLines, "\n"), strings.Join(mainLines, "\n"))
 	}
 }
-
-// The Install section names a go get line for every published module, so
-// a new adapter cannot be released without one.
-func TestReadmeInstall(t *testing.T) {
-	root := repoRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	install := section(t, string(readme), "## Install")
-	mods, err := loadModules(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range mods {
-		if m.Published && !strings.Contains(install, "go get "+m.Path+" ") {
-			t.Errorf("README.md, Install: no line \"go get %s\"", m.Path)
-		}
-	}
-}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -49,7 +50,7 @@ func prepare(root, version string) ([]string, error) {
 	if err := checkVersion(version); err != nil {
 		return nil, err
 	}
-	if err := requireClean(root); err != nil {
+	if err := requireClean(root, "prepare from a clean checkout"); err != nil {
 		return nil, err
 	}
 	mods, _, err := loadChecked(root)
@@ -120,21 +121,64 @@ func sortSums(lines []string) []string {
 	return slices.Compact(lines)
 }
 
+// preparedAt loads the workspace and checks, in seconds, that rev is
+// prepared for version, as tag and verify need it: the go.mod files
+// require version, and every published module that requires the root
+// has, at rev, the go.sum lines of rev's root. (Without this check a
+// consumer built from rev fails on the go.sum lines only after
+// downloading and compiling every dependency.) Modules and requirements
+// are read from the working tree, which the callers have checked is rev.
+func preparedAt(root, version, rev string) ([]*goModule, error) {
+	mods, required, err := loadChecked(root)
+	if err != nil {
+		return nil, err
+	}
+	if required != "" && required != version {
+		return nil, fmt.Errorf("the go.mod files require %s, not %s: run prepare %s and commit first", required, version, version)
+	}
+	want, err := sumLines(root, rootModule(mods), version, rev)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(want)
+	for _, m := range mods {
+		if !m.Published || !requiresRoot(m) {
+			continue
+		}
+		sum := "" // none at rev: no lines
+		if name := rev + ":" + path.Join(m.Dir, "go.sum"); gitHas(root, name) {
+			if sum, err = git(root, "show", name); err != nil {
+				return nil, err
+			}
+		}
+		if have := sumsIn(sum, rootPath, version); !slices.Equal(have, want) {
+			return nil, fmt.Errorf("%s/go.sum at %s has %q for the root at %s, but the root at %s gives %q: run prepare %s and commit first", m.Dir, rev, have, version, rev, want, version)
+		}
+	}
+	return mods, nil
+}
+
 // sumsOf returns the go.sum lines of module modPath at version in a file.
 func sumsOf(name, modPath, version string) ([]string, error) {
 	data, err := os.ReadFile(name)
 	if err != nil {
 		return nil, err
 	}
+	return sumsIn(string(data), modPath, version), nil
+}
+
+// sumsIn returns, sorted, the go.sum lines of module modPath at version
+// in the text of a go.sum file.
+func sumsIn(data, modPath, version string) []string {
 	var lines []string
-	for _, l := range strings.Split(string(data), "\n") {
+	for _, l := range strings.Split(data, "\n") {
 		f := strings.Fields(l)
 		if len(f) == 3 && f[0] == modPath && strings.TrimSuffix(f[1], "/go.mod") == version {
 			lines = append(lines, l)
 		}
 	}
 	slices.Sort(lines)
-	return lines, nil
+	return lines
 }
 
 // tag checks that HEAD of a clean checkout is prepared for version and
@@ -144,35 +188,17 @@ func tag(root, version string) ([]string, error) {
 	if err := checkVersion(version); err != nil {
 		return nil, err
 	}
-	if err := requireClean(root); err != nil {
+	if err := requireClean(root, "tag a commit: commit the changes (or stash them) first"); err != nil {
 		return nil, err
 	}
-	mods, required, err := loadChecked(root)
+	mods, err := preparedAt(root, version, "HEAD")
 	if err != nil {
 		return nil, err
 	}
-	if required != "" && required != version {
-		return nil, fmt.Errorf("the go.mod files require %s, not %s: run prepare %s and commit first", required, version, version)
-	}
-	want, err := sumLines(root, rootModule(mods), version, "HEAD")
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(want)
 	var tags, messages []string
 	for _, m := range mods {
 		if !m.Published {
 			continue
-		}
-		if requiresRoot(m) {
-			name := filepath.Join(root, filepath.FromSlash(m.Dir), "go.sum")
-			have, err := sumsOf(name, rootPath, version)
-			if err != nil {
-				return nil, err
-			}
-			if !slices.Equal(have, want) {
-				return nil, fmt.Errorf("%s/go.sum has %q for the root at %s, but HEAD gives %q: run prepare %s again", m.Dir, have, version, want, version)
-			}
 		}
 		t := tagName(m.Dir, version)
 		if tagExists(root, t) {

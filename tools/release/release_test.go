@@ -176,6 +176,9 @@ func TestReleaseThroughFileProxy(t *testing.T) {
 	if _, err := tag(repo, testVersion); err == nil {
 		t.Fatal("tag accepted a working tree with uncommitted changes")
 	}
+	if err := verify(repo, testVersion, "HEAD"); err == nil || !strings.Contains(err.Error(), "the working tree has changes") {
+		t.Fatalf("verify before the commit of prepare: %v; want it to refuse the changes at once", err)
+	}
 	commitAll(t, repo, "release "+testVersion)
 
 	tags, err := tag(repo, testVersion)
@@ -242,16 +245,7 @@ func TestTagName(t *testing.T) {
 // users cannot resolve.
 func TestCheckFindsProblems(t *testing.T) {
 	isolateGit(t)
-	good := map[string]string{
-		"LICENSE": "MIT\n",
-		"go.work": "go 1.26.0\n\nuse (\n\t.\n\t./store/kv\n\t./examples\n)\n",
-		"go.mod":  "module " + rootPath + "\n\ngo 1.26.0\n",
-		"store/kv/go.mod": "module " + rootPath + "/store/kv\n\ngo 1.26.0\n\n" +
-			"require " + rootPath + " v0.3.0\n",
-		"examples/go.mod": "module " + rootPath + "/examples\n\ngo 1.26.0\n\n" +
-			"require (\n\t" + rootPath + " v0.3.0\n\t" + rootPath + "/store/kv v0.3.0\n)\n\n" +
-			"replace " + rootPath + " => ../\n",
-	}
+	good := tinyRepo()
 	cases := []struct {
 		name    string
 		edit    map[string]string // files replaced or, if "", removed
@@ -261,6 +255,9 @@ func TestCheckFindsProblems(t *testing.T) {
 		{"replace in an adapter", map[string]string{
 			"store/kv/go.mod": good["store/kv/go.mod"] + "\nreplace " + rootPath + " => ../..\n",
 		}, "must not use replace"},
+		{"a module with a replace that does not say it is unpublished", map[string]string{
+			"examples/go.mod": strings.Replace(good["examples/go.mod"], unpublishedMarker, "// Examples.", 1),
+		}, "examples/go.mod: replace " + rootPath + ": published modules must not use replace (users' go commands ignore it); if examples is not meant to be published, say so in its go.mod with a comment line \"" + unpublishedMarker},
 		{"zero pseudo-version", map[string]string{
 			"store/kv/go.mod": strings.Replace(good["store/kv/go.mod"], "v0.3.0", "v0.0.0-00010101000000-000000000000", 1),
 		}, "pseudo-version"},
@@ -319,6 +316,111 @@ func TestCheckFindsProblems(t *testing.T) {
 				t.Errorf("problems %q do not mention %q", all, tc.problem)
 			}
 		})
+	}
+}
+
+// tinyRepo is a small releasable repository: the root, an adapter that
+// requires it and examples that say they are not published.
+func tinyRepo() map[string]string {
+	return map[string]string{
+		"LICENSE": "MIT\n",
+		"go.work": "go 1.26.0\n\nuse (\n\t.\n\t./store/kv\n\t./examples\n)\n",
+		"go.mod":  "module " + rootPath + "\n\ngo 1.26.0\n",
+		"root.go": "package idempotency\n\nconst X = 1\n",
+		"store/kv/go.mod": "module " + rootPath + "/store/kv\n\ngo 1.26.0\n\n" +
+			"require " + rootPath + " v0.3.0\n",
+		"store/kv/kv.go": "package kv\n\nimport \"" + rootPath + "\"\n\nvar Y = idempotency.X\n",
+		"examples/go.mod": "module " + rootPath + "/examples\n\ngo 1.26.0\n\n" +
+			"require (\n\t" + rootPath + " v0.3.0\n\t" + rootPath + "/store/kv v0.3.0\n)\n\n" +
+			unpublishedMarker + ".\nreplace " + rootPath + " => ../\n",
+	}
+}
+
+// Which modules are published comes from go.work and the go.mod files: a
+// new module is, with no edit of the tool; one under internal/ is not;
+// one whose go.mod says so in a comment line is not.
+func TestPublishedFromGoMod(t *testing.T) {
+	for _, c := range []struct {
+		dir, gomod string
+		want       bool
+	}{
+		{".", "module " + rootPath + "\n", true},
+		{"mcpidem", "module " + rootPath + "/mcpidem\n\ngo 1.26.0\n", true},
+		{"queue", "module " + rootPath + "/queue\n// A client queue.\n", true},
+		{"internal/kvtest", "module " + rootPath + "/internal/kvtest\n", false},
+		{"examples", "module " + rootPath + "/examples\n\n" + unpublishedMarker + ". The replaces...\nreplace x => ../\n", false},
+		{"cmd/tool", "module " + rootPath + "/cmd/tool\n\n// This module is not published yet: build it from a checkout.\n", false},
+		{"tools/x", "module " + rootPath + "/tools/x\n\n//This module is never tagged or published\n", false},
+		// The marker starts a comment line; mentioning it is not saying it.
+		{"otel", "module " + rootPath + "/otel\n\n// Unlike examples, where \"This module is never tagged or published\"...\n", true},
+	} {
+		if got := isPublished(c.dir, []byte(c.gomod)); got != c.want {
+			t.Errorf("isPublished(%q, %q) = %v, want %v", c.dir, c.gomod, got, c.want)
+		}
+	}
+}
+
+// verify takes the modules from HEAD: before a commit (right after
+// prepare) it refuses at once, saying that the tree has changes; on a HEAD
+// whose go.sum lines do not match its root, it says to run prepare, before
+// building anything. (It used to build a consumer for minutes and then
+// fail on a go.sum line.)
+func TestVerifyRefusesWhatItCannotVerify(t *testing.T) {
+	isolateGit(t)
+	dir := t.TempDir()
+	newRepo(t, dir, tinyRepo())
+	if _, err := prepare(dir, "v0.3.0"); err != nil {
+		t.Fatal(err)
+	}
+	err := verify(dir, "v0.3.0", "HEAD")
+	if err == nil || !strings.Contains(err.Error(), "the working tree has changes; verify builds the modules from HEAD, not from the working tree: commit") {
+		t.Fatalf("verify before the commit of prepare: %v; want it to say the tree has changes", err)
+	}
+	commitAll(t, dir, "release v0.3.0")
+	// The root changes after prepare: the adapter's go.sum lines are stale.
+	if err := os.WriteFile(filepath.Join(dir, "root.go"), []byte("package idempotency\n\nconst X = 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	commitAll(t, dir, "change the root")
+	err = verify(dir, "v0.3.0", "HEAD")
+	if err == nil || !strings.Contains(err.Error(), "store/kv/go.sum at HEAD has") || !strings.Contains(err.Error(), "run prepare v0.3.0 and commit first") {
+		t.Fatalf("verify of a HEAD with stale go.sum lines: %v; want it to say so and to run prepare", err)
+	}
+	if err := verify(dir, "v0.3.0", "HEAD~1"); err == nil || !strings.Contains(err.Error(), "check out HEAD~1 first") {
+		t.Fatalf("verify of another revision: %v; want it to ask for a checkout of it", err)
+	}
+}
+
+// proxy serves the modules from their tags; before they exist it says to
+// pass -rev HEAD (it used to fail with a git archive error), and with it
+// serves the commit. It prints the environment of a rehearsal.
+func TestProxyBeforeTagging(t *testing.T) {
+	isolateGit(t)
+	dir := t.TempDir()
+	newRepo(t, dir, tinyRepo())
+	mods, err := loadModules(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "proxy")
+	err = buildProxy(dir, mods, "v0.3.0", "", out)
+	if err == nil || !strings.Contains(err.Error(), "no tag v0.3.0, store/kv/v0.3.0 (not tagged yet?): pass -rev HEAD") {
+		t.Fatalf("proxy before tagging: %v; want it to name the missing tags and suggest -rev HEAD", err)
+	}
+	if err := buildProxy(dir, mods, "v0.3.0", "HEAD", out); err != nil {
+		t.Fatalf("proxy -rev HEAD: %v", err)
+	}
+	for _, f := range []string{"github.com/exactlyonce/idempotency/@v/v0.3.0.zip", "github.com/exactlyonce/idempotency/store/kv/@v/v0.3.0.mod"} {
+		if _, err := os.Stat(filepath.Join(out, filepath.FromSlash(f))); err != nil {
+			t.Errorf("the proxy lacks %s: %v", f, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "github.com/exactlyonce/idempotency/examples")); !os.IsNotExist(err) {
+		t.Errorf("the proxy serves the unpublished examples (%v)", err)
+	}
+	env := rehearsalEnv("/tmp/p", "https://proxy.golang.org,direct")
+	if want := []string{"GOPROXY=file:///tmp/p,https://proxy.golang.org,direct", "GONOSUMDB=" + rootPath}; !slices.Equal(env, want) {
+		t.Errorf("rehearsal environment %q, want %q", env, want)
 	}
 }
 

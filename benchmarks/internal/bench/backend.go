@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/exactlyonce/idempotency"
@@ -384,4 +385,19 @@ func RandomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Server returns the value of backend's server variable (see [Var]). It
+// fails tb when the variable is unset, and skips it when the server
+// script said no server could be had (MongoDB without a Docker daemon).
+func Server(tb testing.TB, backend string) string {
+	tb.Helper()
+	v := os.Getenv(Var(backend))
+	if v == "" {
+		if reason := os.Getenv(absentVar(backend)); absentVar(backend) != "" && reason != "" {
+			tb.Skipf("%s not available: %s", backend, reason)
+		}
+		tb.Fatalf("%s is not set: %s", Var(backend), howTo(backend))
+	}
+	return v
 }

@@ -1,8 +1,9 @@
 // Command paysvc is the payments service that the process-kill trials of
 // package chaos run as a child process and SIGKILL: POST /pay behind the
-// httpidem middleware, on PostgreSQL or Redis, charging a "gateway" whose
-// charges are rows of a PostgreSQL ledger table, so that the harness can
-// count them.
+// httpidem middleware (or, with -edge mcp, an MCP charge tool behind the
+// mcpidem middleware, served over streamable HTTP at /mcp), on PostgreSQL
+// or Redis, charging a "gateway" whose charges are rows of a PostgreSQL
+// ledger table, so that the harness can count them.
 //
 // Modes (-mode):
 //
@@ -28,6 +29,10 @@
 //	after-effect         charged (and recorded), the key not yet completed
 //	after-completion     the key completed (committed), response not yet sent
 //
+// The MCP edge's charge tool takes {"amount": N} and answers
+// {"payment": id} as its structured content; a failed charge is a tool
+// error, not marked permanent, so that the key is released.
+//
 // The service prints "LISTEN <addr>" on stdout once it accepts
 // connections. It is a test fixture, not an example to copy: its flags
 // carry what a real service would configure.
@@ -48,10 +53,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/httpidem"
+	"github.com/exactlyonce/idempotency/mcpidem"
 	"github.com/exactlyonce/idempotency/store/postgres"
 	"github.com/exactlyonce/idempotency/store/redis"
 )
@@ -69,6 +76,7 @@ func main() {
 	log.SetPrefix("paysvc: ")
 	var c config
 	flag.StringVar(&c.mode, "mode", "", "pg-do, pg-tx or redis-do")
+	flag.StringVar(&c.edge, "edge", "http", "http (POST /pay) or mcp (the charge tool at /mcp)")
 	flag.StringVar(&c.addr, "addr", "127.0.0.1:0", "listen address")
 	flag.StringVar(&c.pgURL, "postgres", "", "PostgreSQL URL (the ledger; and the store in pg-do and pg-tx)")
 	flag.StringVar(&c.redisAddr, "redis", "", "Redis address (the store in redis-do)")
@@ -76,6 +84,7 @@ func main() {
 	flag.StringVar(&c.prefix, "prefix", "", "the store's key prefix (redis-do)")
 	flag.StringVar(&c.ledger, "ledger", "", "the ledger table; its fence table is <ledger>_fences")
 	flag.DurationVar(&c.lease, "lease", time.Second, "the runner's lease")
+	flag.BoolVar(&c.defaults, "defaults", false, "the runner's defaults (30s lease, no wait) instead of -lease")
 	flag.BoolVar(&c.hooks, "hooks", false, "announce phases on stdout and wait for a line on stdin")
 	flag.BoolVar(&c.noDedup, "unsafe-no-downstream-dedup", false,
 		"the gateway ignores the downstream key (the harness's check that it would see a second charge)")
@@ -86,9 +95,9 @@ func main() {
 }
 
 type config struct {
-	mode, addr, pgURL, redisAddr, table, prefix, ledger string
-	lease                                               time.Duration
-	hooks, noDedup                                      bool
+	mode, edge, addr, pgURL, redisAddr, table, prefix, ledger string
+	lease                                                     time.Duration
+	hooks, noDedup, defaults                                  bool
 }
 
 func run(c config) error {
@@ -115,13 +124,16 @@ func run(c config) error {
 		// to end and takes it over, instead of a 409 and a 1s Retry-After.
 		idempotency.WithWait(10 * c.lease),
 	}
+	if c.defaults {
+		opts = nil
+	}
 	s := &service{pool: pool, noDedup: c.noDedup, ledger: pgx.Identifier{c.ledger}.Sanitize(),
 		fences: pgx.Identifier{c.ledger + "_fences"}.Sanitize()}
 	if c.hooks {
 		s.in = bufio.NewReader(os.Stdin)
 	}
 	var exec idempotency.Executor
-	var pay http.HandlerFunc
+	var pay payFunc
 	switch c.mode {
 	case "pg-do", "pg-tx":
 		store, err := postgres.New(pool, &postgres.Options{Table: c.table})
@@ -154,14 +166,31 @@ func run(c config) error {
 	default:
 		return fmt.Errorf("-mode %q: want pg-do, pg-tx or redis-do", c.mode)
 	}
-	idem, err := httpidem.New(exec, httpidem.WithScope(func(r *http.Request) ([]string, error) {
-		return []string{"chaos", "POST /pay"}, nil
-	}))
-	if err != nil {
-		return err
-	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /pay", s.announceCompletion(idem(pay)))
+	switch c.edge {
+	case "http":
+		idem, err := httpidem.New(exec, httpidem.WithScope(func(r *http.Request) ([]string, error) {
+			return []string{"chaos", "POST /pay"}, nil
+		}))
+		if err != nil {
+			return err
+		}
+		mux.Handle("POST /pay", s.announceCompletion(idem(s.httpPay(pay))))
+	case "mcp":
+		idem, err := mcpidem.ServerMiddleware(exec, mcpidem.WithScope(func(context.Context, *mcp.CallToolRequest) ([]string, error) {
+			return []string{"chaos", "tools/call charge"}, nil
+		}))
+		if err != nil {
+			return err
+		}
+		server := mcp.NewServer(&mcp.Implementation{Name: "paysvc", Version: "v1"}, nil)
+		mcp.AddTool(server, &mcp.Tool{Name: "charge", Description: "charges the gateway"}, s.toolPay(pay))
+		server.AddReceivingMiddleware(s.announceToolCompletion, idem)
+		mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+			&mcp.StreamableHTTPOptions{Stateless: true}))
+	default:
+		return fmt.Errorf("-edge %q: want http or mcp", c.edge)
+	}
 
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -196,9 +225,45 @@ func (s *service) phase(phase, key string) {
 	}
 }
 
-// payDo is POST /pay under idempotency.Do (pg-do, redis-do).
-func (s *service) payDo(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
+// A payFunc is a mode's payment, made under the key's lease: it returns
+// the payment's id, or an error after which the key is released.
+type payFunc func(ctx context.Context) (int64, error)
+
+// httpPay is POST /pay: 201 with the payment, or 503 (released).
+func (s *service) httpPay(pay payFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := pay(r.Context())
+		if err != nil {
+			http.Error(w, "charge failed, retry", http.StatusServiceUnavailable) // released
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"payment":%d}`, id)
+	}
+}
+
+type toolArgs struct {
+	Amount int `json:"amount"`
+}
+
+type toolResult struct {
+	Payment int64 `json:"payment"`
+}
+
+// toolPay is the MCP charge tool: the payment, or a tool error (not
+// permanent: released).
+func (s *service) toolPay(pay payFunc) mcp.ToolHandlerFor[toolArgs, toolResult] {
+	return func(ctx context.Context, _ *mcp.CallToolRequest, _ toolArgs) (*mcp.CallToolResult, toolResult, error) {
+		id, err := pay(ctx)
+		if err != nil {
+			return nil, toolResult{}, errors.New("charge failed, retry")
+		}
+		return nil, toolResult{Payment: id}, nil
+	}
+}
+
+// payDo is the payment under idempotency.Do (pg-do, redis-do).
+func (s *service) payDo(ctx context.Context) (int64, error) {
 	info, _ := idempotency.FromContext(ctx)
 	s.phase(PhaseBeforeEffect, info.Key)
 	id, err := idempotency.Step(ctx, "charge", func(ctx context.Context) (int64, error) {
@@ -215,12 +280,10 @@ func (s *service) payDo(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		log.Printf("charge %s (fence %d): %v", info.Key, info.Fence, err)
-		http.Error(w, "charge failed, retry", http.StatusServiceUnavailable) // released
-		return
+		return 0, err
 	}
 	s.phase(PhaseAfterEffect, info.Key)
-	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"payment":%d}`, id)
+	return id, nil
 }
 
 // errStale is a charge refused by the fence: a holder that lost its lease.
@@ -261,27 +324,23 @@ func (s *service) charge(ctx context.Context, intent string, fence int64, dk str
 	return id, err
 }
 
-// payTx is POST /pay under postgres.TxExecutor (pg-tx): the ledger row is
-// written in the key's transaction, with no de-duplication of its own.
-func (s *service) payTx(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
+// payTx is the payment under postgres.TxExecutor (pg-tx): the ledger row
+// is written in the key's transaction, with no de-duplication of its own.
+func (s *service) payTx(ctx context.Context) (int64, error) {
 	info, _ := idempotency.FromContext(ctx)
 	tx, ok := postgres.TxFromContext(ctx)
 	if !ok {
-		http.Error(w, "no transaction", http.StatusInternalServerError)
-		return
+		return 0, errors.New("no transaction")
 	}
 	s.phase(PhaseBeforeEffect, info.Key)
 	var id int64
 	if err := tx.QueryRow(ctx, `INSERT INTO `+s.ledger+` (intent, downstream_key, fence)
 		VALUES ($1, $2, $3) RETURNING id`, info.Key, "", info.Fence).Scan(&id); err != nil {
 		log.Printf("charge %s: %v", info.Key, err)
-		http.Error(w, "charge failed, retry", http.StatusServiceUnavailable) // rolled back
-		return
+		return 0, err // rolled back
 	}
 	s.phase(PhaseAfterEffect, info.Key)
-	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"payment":%d}`, id)
+	return id, nil
 }
 
 // announceCompletion wraps the middleware: the middleware writes to w only
@@ -316,4 +375,21 @@ func (c *completionWriter) Write(b []byte) (int, error) {
 		c.WriteHeader(http.StatusOK)
 	}
 	return c.ResponseWriter.Write(b)
+}
+
+// announceToolCompletion is announceCompletion for the MCP edge: outside
+// the mcpidem middleware, which returns a fresh result only after the key
+// completed (or committed), it announces the point between completion and
+// answer.
+func (s *service) announceToolCompletion(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		call, ok := req.(*mcp.CallToolRequest)
+		r, isResult := res.(*mcp.CallToolResult)
+		if method == "tools/call" && ok && isResult && err == nil && !r.IsError && r.Meta[mcpidem.DefaultReplayMeta] != true {
+			key, _ := call.Params.Meta[mcpidem.DefaultKeyMeta].(string)
+			s.phase(PhaseAfterCompletion, key)
+		}
+		return res, err
+	}
 }

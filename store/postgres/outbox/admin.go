@@ -98,6 +98,78 @@ func (t *Table) Redrive(ctx context.Context, ids ...string) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
+// RedriveAll puts every event that is dead when it is called back to
+// pending, as [Table.Redrive] does, oldest first, and returns how many it
+// changed: after a receiver's outage, one call redrives what it
+// dead-lettered. It works in statements of [Options.CleanupBatch] events,
+// each bounded by [Options.Timeout], and an event that dies again while
+// it runs (the receiver still fails) is not redriven twice. On an error
+// it returns how many it had redriven; calling it again goes on.
+func (t *Table) RedriveAll(ctx context.Context) (int, error) {
+	var last int64
+	qctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	err := t.db.QueryRow(qctx, t.sql.lastDead).Scan(&last)
+	cancel()
+	if err != nil {
+		return 0, wrapErr(qctx, "redrive all", err)
+	}
+	total := 0
+	for after := int64(0); after < last; {
+		var n int
+		bctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+		err := t.db.QueryRow(bctx, t.sql.redriveBatch, after, last, t.opts.CleanupBatch).Scan(&n, &after)
+		cancel()
+		if err != nil {
+			return total, wrapErr(bctx, "redrive all", err)
+		}
+		total += n
+		if n < t.opts.CleanupBatch {
+			break
+		}
+	}
+	return total, nil
+}
+
+// Backlog is what an outbox holds undelivered, by the server's clock: the
+// figures to watch (and alert on) for a relay that falls behind, a
+// receiver that fails, or dead letters nobody handles.
+type Backlog struct {
+	// Pending is how many events wait for a relay: new, released, or back
+	// after a failed attempt (waiting out its backoff, or ready).
+	Pending int64
+	// Retrying is how many of the Pending events failed or lost at least
+	// one attempt (its send failed, or its relay stopped or died).
+	Retrying int64
+	// InFlight is how many events a relay has claimed and not yet
+	// recorded: being sent now (or held by a relay that died, until its
+	// lease ends).
+	InFlight int64
+	// Dead is how many events were given up on ([Table.DeadLetters]).
+	Dead int64
+	// OldestPending is the age of the oldest undelivered event that is
+	// not dead (pending or in flight), 0 if there is none: how far
+	// delivery lags behind.
+	OldestPending time.Duration
+}
+
+// Backlog returns the outbox's backlog, in one statement bounded by
+// [Options.Timeout]. It counts the pending and dead events through their
+// partial indexes, so it costs in proportion to the backlog (not to the
+// delivered events kept): call it from a metrics collection every few
+// seconds or more, not per request. Relays do not call it; they pay
+// nothing for it.
+func (t *Table) Backlog(ctx context.Context) (Backlog, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	var b Backlog
+	var oldest int64
+	if err := t.db.QueryRow(ctx, t.sql.backlog).Scan(&b.Pending, &b.Retrying, &b.InFlight, &b.Dead, &oldest); err != nil {
+		return Backlog{}, wrapErr(ctx, "backlog", err)
+	}
+	b.OldestPending = time.Duration(oldest) * time.Microsecond
+	return b, nil
+}
+
 // decodeHeaders decodes the headers column: a JSON object whose string
 // values are taken as they are and other values (written by hand) as their
 // JSON text.

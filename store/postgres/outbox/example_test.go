@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
+	"time"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/exactlyonce/idempotency/store/postgres"
@@ -128,4 +130,66 @@ func Example_doTx() {
 	// captured replayed: false
 	// captured replayed: true
 	// events enqueued: 1
+}
+
+// An outage of the receiver dead-letters events; the backlog shows them,
+// and once the receiver is back one call redrives them all.
+func ExampleTable_RedriveAll() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS outbox_example_redrive CASCADE")
+
+	table, err := outbox.New(pool, &outbox.Options{Schema: "outbox_example_redrive"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := table.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return table.Enqueue(ctx, tx, outbox.Event{Topic: "mail"}, outbox.Event{Topic: "mail"})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The receiver refuses everything, for good: both events die.
+	relay, err := outbox.NewRelay(table, outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		return idempotency.Permanent(fmt.Errorf("mail server: 550"))
+	}), &outbox.RelayOptions{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- relay.Run(rctx) }()
+	for b := (outbox.Backlog{}); b.Dead < 2; time.Sleep(10 * time.Millisecond) {
+		if b, err = table.Backlog(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+	stop()
+	fmt.Println("relay stopped:", <-done)
+
+	b, err := table.Backlog(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("pending %d, in flight %d, dead %d\n", b.Pending, b.InFlight, b.Dead)
+	n, err := table.RedriveAll(ctx) // the receiver is fixed
+	if err != nil {
+		log.Fatal(err)
+	}
+	if b, err = table.Backlog(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("redriven %d: pending %d, dead %d\n", n, b.Pending, b.Dead)
+	// Output:
+	// relay stopped: <nil>
+	// pending 0, in flight 0, dead 2
+	// redriven 2: pending 2, dead 0
 }

@@ -160,7 +160,7 @@ func start(t testing.TB, r *outbox.Relay) (stop func() error) {
 		return err
 	}
 	t.Cleanup(func() {
-		if err := stop(); err != nil && !errors.Is(err, context.Canceled) {
+		if err := stop(); err != nil {
 			t.Errorf("relay: %v", err)
 		}
 	})

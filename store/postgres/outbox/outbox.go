@@ -14,7 +14,8 @@
 // sends are retried with capped exponential backoff and full jitter; after
 // [RelayOptions.MaxAttempts] attempts an event is dead-lettered with its
 // last error, for an operator to inspect ([Table.DeadLetters]) and redrive
-// ([Table.Redrive]). Events with an ordering key ([Event.Key]) are
+// ([Table.Redrive], [Table.RedriveAll]); [Table.Backlog] counts what waits,
+// what is being sent and what is dead. Events with an ordering key ([Event.Key]) are
 // delivered in order per key, and a failing event holds back only its
 // key. Relays wake up on LISTEN/NOTIFY and poll as the fallback, and
 // delete delivered events after a retention ([Options.Retention]).
@@ -90,8 +91,9 @@ type Options struct {
 	// more events per second (see the README's figures). Nothing is left
 	// to look at afterwards. Default: keep delivered events.
 	DeleteDelivered bool
-	// CleanupBatch is how many delivered events one statement of the
-	// cleanup deletes. Default: [DefaultCleanupBatch].
+	// CleanupBatch is how many events one statement of the cleanup
+	// deletes, or of [Table.RedriveAll] redrives. Default:
+	// [DefaultCleanupBatch].
 	CleanupBatch int
 	// Timeout bounds every statement the table runs on its own DB: a
 	// relay's claims and updates, Cleanup, DeadLetters and Redrive (not

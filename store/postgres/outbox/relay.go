@@ -220,10 +220,12 @@ func NewRelay(t *Table, sender Sender, opts *RelayOptions) (*Relay, error) {
 }
 
 // Run delivers events until ctx is done, then records what it sent,
-// releases what it did not, and returns ctx's error. Database errors do
-// not stop it: they are logged and the relay tries again after a pause
-// (growing to 5 s). A Relay runs once at a time; Run on a running Relay
-// returns [ErrRelayRunning].
+// releases what it did not, and returns nil: the end of ctx (canceled by
+// the caller, or past its deadline) is how a relay is stopped, not a
+// failure, so that Run fits an errgroup or a supervisor that reports
+// errors. Database errors do not stop it: they are logged and the relay
+// tries again after a pause (growing to 5 s). A Relay runs once at a
+// time; Run on a running Relay returns [ErrRelayRunning], its only error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return ErrRelayRunning
@@ -243,20 +245,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Go(func() { r.cleanupLoop(ctx) })
 	}
 	var pause time.Duration
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	for ctx.Err() == nil {
 		claimed, sent, retryIn, err := r.batch(ctx)
 		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return cerr
+			if ctx.Err() != nil {
+				break
 			}
 			pause = min(max(2*pause, 50*time.Millisecond), 5*time.Second)
 			r.log.Warn("outbox relay: database error; trying again", "table", r.t.names.Table, "pause", pause, "err", err)
-			if !sleep(ctx, pause, nil) {
-				return ctx.Err()
-			}
+			sleep(ctx, pause, nil)
 			continue
 		}
 		pause = 0
@@ -269,10 +266,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		if retryIn > 0 {
 			wait = min(wait, retryIn)
 		}
-		if !sleep(ctx, wait, wake) {
-			return ctx.Err()
-		}
+		sleep(ctx, wait, wake)
 	}
+	return nil
 }
 
 // sleep waits for d, or a wake-up on wake (nil: none), and reports

@@ -254,8 +254,8 @@ func TestRelayKilledMidBatch(t *testing.T) {
 			t.Fatalf("relay B delivered %d events of relay A's leased batch", got)
 		}
 		t0 := time.Now()
-		if err := stopA(); !errors.Is(err, context.Canceled) {
-			t.Fatalf("relay A's Run returned %v, want context.Canceled", err)
+		if err := stopA(); err != nil {
+			t.Fatalf("relay A's Run returned %v, want nil (stopped)", err)
 		}
 		waitFor(t, 10*time.Second, "relay B to deliver relay A's batch", func() bool { return rec.distinct() == n })
 		if d := time.Since(t0); d > outbox.DefaultLease/2 {

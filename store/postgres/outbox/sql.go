@@ -15,7 +15,8 @@ import (
 type statements struct {
 	enqueue, enqueueNotify, enqueueKeyed, enqueueKeyedNotify string
 	claim, delivered, record                                 string
-	cleanup, deadLetters, redrive                            string
+	cleanup, deadLetters, redrive, redriveBatch, lastDead    string
+	backlog                                                  string
 }
 
 // The insert of Enqueue. $1 event IDs, $2 topics, $3 ordering keys (empty for
@@ -109,7 +110,8 @@ DELETE FROM {T} AS e WHERE e.id = ANY($1::bigint[])`
 // their attempts are used up, keeping the error; unsent ones are released
 // (available at once, their attempt not counted). Failures and releases
 // only apply while the claim is still this batch's (the token): once its
-// lease has ended another relay may hold the event.
+// lease has ended another relay may hold the event. Both clear the token:
+// the event is no longer in flight (see backlogSQL).
 //
 // $1 delivered ids; $2 failed ids, $3 their errors, $4 their delays µs;
 // $5 claim token, $6 max attempts; $7 unsent ids. Returns the event IDs
@@ -118,7 +120,7 @@ const recordSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 ok AS ({OK}),
 unsent AS (
-	UPDATE {T} AS e SET attempts = e.attempts - 1, available_at = c.now
+	UPDATE {T} AS e SET attempts = e.attempts - 1, available_at = c.now, claim_token = NULL
 	FROM c
 	WHERE e.id = ANY($7::bigint[]) AND e.claim_token = $5::text AND e.state = 'pending'
 ),
@@ -127,7 +129,8 @@ failed AS (
 		state = CASE WHEN u.delay_us < 0 OR e.attempts >= $6::integer THEN 'dead' ELSE 'pending' END,
 		done_at = CASE WHEN u.delay_us < 0 OR e.attempts >= $6::integer THEN c.now END,
 		available_at = c.now + greatest(u.delay_us, 0) * interval '1 microsecond',
-		last_error = u.err
+		last_error = u.err,
+		claim_token = NULL
 	FROM c, unnest($2::bigint[], $3::text[], $4::bigint[]) AS u(id, err, delay_us)
 	WHERE e.id = u.id AND e.claim_token = $5::text AND e.state = 'pending'
 	RETURNING e.event_id, e.state
@@ -152,10 +155,56 @@ SELECT event_id, topic, coalesce(ordering_key, ''), payload, headers::text, atte
 	coalesce(last_error, ''), done_at
 FROM {T} WHERE state = 'dead' ORDER BY id LIMIT $1::bigint`
 
+// redriveSetSQL puts a dead event back to pending, its attempts reset.
+const redriveSetSQL = `SET state = 'pending', attempts = 0, available_at = (SELECT clock_timestamp()), done_at = NULL, claim_token = NULL`
+
 // $1 event IDs.
 const redriveSQL = `
-UPDATE {T} SET state = 'pending', attempts = 0, available_at = (SELECT clock_timestamp()), done_at = NULL
+UPDATE {T} ` + redriveSetSQL + `
 WHERE event_id = ANY($1::text[]) AND state = 'dead'`
+
+// One statement of RedriveAll: the oldest dead events after id $1 and up
+// to id $2 (the last dead one when the call began, so that events that die
+// again meanwhile are not redriven twice), at most $3 of them, skipping
+// rows locked by a concurrent redrive. Returns how many it redrove and
+// the last id (0 for none), for the next statement.
+const redriveBatchSQL = `
+WITH b AS (
+	SELECT id FROM {T}
+	WHERE state = 'dead' AND id > $1::bigint AND id <= $2::bigint
+	ORDER BY id
+	LIMIT $3::bigint
+	FOR UPDATE SKIP LOCKED
+),
+u AS (
+	UPDATE {T} AS e ` + redriveSetSQL + `
+	FROM b WHERE e.id = b.id
+	RETURNING e.id
+)
+SELECT count(*), coalesce(max(id), 0) FROM u`
+
+// The backlog, by the server's clock: the undelivered events that wait for
+// a relay, of which those that failed (or lost) an attempt; those leased
+// by a relay now (a claim's token, its lease not over: being sent); the
+// dead ones; the age of the oldest undelivered one (microseconds, 0 if
+// none). It reads the pending and dead rows through their partial
+// indexes: the cost grows with the backlog, not with the delivered events
+// kept.
+const backlogSQL = `
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+p AS (
+	SELECT count(*) FILTER (WHERE e.claim_token IS NOT NULL AND e.available_at > c.now) AS in_flight,
+		count(*) FILTER (WHERE e.attempts > 0 AND NOT (e.claim_token IS NOT NULL AND e.available_at > c.now)) AS retrying,
+		count(*) AS n
+	FROM {T} AS e, c WHERE e.state = 'pending'
+)
+SELECT p.n - p.in_flight, p.retrying, p.in_flight, (SELECT count(*) FROM {T} WHERE state = 'dead'),
+	coalesce((SELECT ceil(extract(epoch FROM c.now - e.created_at) * 1000000)::bigint
+		FROM {T} AS e WHERE e.state = 'pending' ORDER BY e.id LIMIT 1), 0)
+FROM p, c`
+
+// The last dead event's id: where RedriveAll stops.
+const lastDeadSQL = `SELECT coalesce(max(id), 0) FROM {T} WHERE state = 'dead'`
 
 // buildStatements renders the statements for the names n, the
 // notification channel (a validated identifier plus hex digits, safe in a
@@ -180,5 +229,8 @@ func buildStatements(n objectNames, channel string, class int32, deleteDelivered
 		cleanup:            r.Replace(cleanupSQL),
 		deadLetters:        r.Replace(deadLettersSQL),
 		redrive:            r.Replace(redriveSQL),
+		redriveBatch:       r.Replace(redriveBatchSQL),
+		lastDead:           r.Replace(lastDeadSQL),
+		backlog:            r.Replace(backlogSQL),
 	}
 }
