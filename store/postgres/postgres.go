@@ -152,7 +152,7 @@ var (
 // ([DoTx]); it watches with [Options.Notify]; it keeps values up to
 // [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	c := idempotency.Capabilities{Inspector: s, Sweeper: s, Transactional: s,
+	c := idempotency.Capabilities{Inspector: s, Sweeper: s, Transactional: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: s.opts.MaxValueSize}}
 	if s.notify {
 		c.Watcher = s

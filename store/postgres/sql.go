@@ -14,6 +14,7 @@ type statements struct {
 	claimInsert, claimRead, completeFallback                                  string
 	claim, renew, checkpoint, complete, completeTx, release, sweep, leaseLeft string
 	inspect, purge, stuck                                                     string
+	batchInsert, batchClaim, batchFinish, batchFinishCheck                    string
 }
 
 // The claim. One INSERT ... ON CONFLICT DO UPDATE decides, atomically:
@@ -40,25 +41,7 @@ const claimSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 ins AS (
 ` + freshRowSQL + `	FROM c
-	ON CONFLICT (key) DO UPDATE SET
-		fingerprint = EXCLUDED.fingerprint,
-		state = 'started',
-		token = EXCLUDED.token,
-		fence = CASE WHEN r.expires_at > EXCLUDED.created_at AND r.token = EXCLUDED.token
-			THEN r.fence ELSE greatest(EXCLUDED.fence, r.fence + 1) END,
-		attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1
-			WHEN r.token = EXCLUDED.token THEN r.attempt ELSE r.attempt + 1 END,
-		lease_until = EXCLUDED.lease_until,
-		grace = EXCLUDED.grace,
-		expires_at = EXCLUDED.expires_at,
-		checkpoints = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN NULL ELSE r.checkpoints END,
-		result = NULL,
-		created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN EXCLUDED.created_at ELSE r.created_at END,
-		sweep_at = EXCLUDED.sweep_at
-	WHERE r.expires_at <= EXCLUDED.created_at
-		OR (r.state = 'started' AND r.fingerprint = EXCLUDED.fingerprint
-			AND (r.lease_until <= EXCLUDED.created_at OR r.token = EXCLUDED.token))
-	RETURNING r.fence, r.attempt, r.checkpoints
+` + takeoverSQL + `	RETURNING r.fence, r.attempt, r.checkpoints
 ),
 cur AS (
 	SELECT r.fingerprint, r.state, r.token, r.fence, r.attempt, r.lease_until, r.expires_at, r.result
@@ -164,15 +147,21 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expi
 // table's fillfactor keeps, a new version of the row on the same page and
 // no index entry.
 const completeSQL = `
-UPDATE {T} AS r SET
-	state = 'completed',
-	result = coalesce($3::bytea, ''::bytea),
-	checkpoints = NULL,
-	lease_until = clock_timestamp(),
-	expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond',
-	sweep_at = LEAST(r.sweep_at, r.created_at + $4::bigint * interval '1 microsecond')
+UPDATE {T} AS r SET ` + completeSetSQL + `
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > clock_timestamp()
 {RETURNING5}`
+
+// completeSetSQL is the SET list of a completion, shared by completeSQL
+// and batchFinishSQL: {RES} is the result, {RET} the retention in µs,
+// {NOW} the server's clock (clock_timestamp(), read inline: see
+// completeSQL; completeTxSQL's c.now).
+const completeSetSQL = `
+	state = 'completed',
+	result = coalesce({RES}, ''::bytea),
+	checkpoints = NULL,
+	lease_until = {NOW},
+	expires_at = {NOW} + {RET} * interval '1 microsecond',
+	sweep_at = LEAST(r.sweep_at, r.created_at + {RET} * interval '1 microsecond')`
 
 // completeFallbackSQL runs when completeSQL changed nothing, and returns
 // whether the record already is COMPLETED under the token (a repeat of
@@ -197,15 +186,9 @@ SELECT coalesce((
 // it moves no indexed column when the retention is at least the grace, and
 // is then a HOT update.
 // $1 key, $2 token, $3 result, $4 retention µs.
-const completeTxSQL = `
+var completeTxSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE {T} AS r SET
-	state = 'completed',
-	result = coalesce($3::bytea, ''::bytea),
-	checkpoints = NULL,
-	lease_until = c.now,
-	expires_at = c.now + $4::bigint * interval '1 microsecond',
-	sweep_at = LEAST(r.sweep_at, r.created_at + $4::bigint * interval '1 microsecond')
+UPDATE {T} AS r SET ` + strings.ReplaceAll(completeSetSQL, "{NOW}", "c.now") + `
 FROM c
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 
@@ -226,11 +209,7 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 const releaseSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 del AS (
-	UPDATE {T} AS r SET
-		expires_at = '-infinity',
-		lease_until = '-infinity',
-		sweep_at = '-infinity',
-		checkpoints = NULL
+	UPDATE {T} AS r SET ` + releaseSetSQL + `
 	FROM c
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
 	RETURNING {NOTIFY3}
@@ -238,6 +217,14 @@ del AS (
 SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
 	SELECT FROM {T} AS r, c WHERE r.key = $1::text AND r.expires_at > c.now
 	FOR SHARE OF r)`
+
+// releaseSetSQL is the SET list of a release, shared by releaseSQL and
+// batchFinishSQL: the row becomes a tombstone (see releaseSQL).
+const releaseSetSQL = `
+		expires_at = '-infinity',
+		lease_until = '-infinity',
+		sweep_at = '-infinity',
+		checkpoints = NULL`
 
 // One batch of the sweep: the rows whose sweep_at has come, first come
 // first, that no one holds locked. Rows locked by a concurrent sweeper (or
@@ -339,8 +326,21 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 		n3 = "pg_notify('" + channel + "', $3::text)"
 		n2 = "pg_notify('" + channel + "', $2::text)"
 	}
-	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{RETURNING5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2)
+	names := []string{"{T}", n.Table, "{S}", n.Seq, "{RETURNING5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2,
+		"{NOTIFYB}", batchNotify(channel, notify)}
+	// A single call's statements take their values as parameters, a
+	// batch's from its input rows "i" (see freshRowSQL, completeSetSQL).
+	r := strings.NewReplacer(append(names, "{KEY}", "$1::text", "{FP}", "$2::text", "{TOK}", "$3::text",
+		"{LEASE}", "$4::bigint", "{GRACE}", "$5::bigint", "{RES}", "$3::bytea", "{RET}", "$4::bigint",
+		"{NOW}", "clock_timestamp()")...)
+	rb := strings.NewReplacer(append(names, "{KEY}", "i.key", "{FP}", "i.fp", "{TOK}", "i.tok",
+		"{LEASE}", "i.lease", "{GRACE}", "i.grace", "{RES}", "i.res", "{RET}", "i.ret",
+		"{NOW}", "clock_timestamp()")...)
 	return statements{
+		batchInsert:      rb.Replace(batchInsertSQL),
+		batchClaim:       rb.Replace(batchClaimSQL),
+		batchFinish:      rb.Replace(batchFinishSQL),
+		batchFinishCheck: rb.Replace(batchFinishCheckSQL),
 		leaseLeft:        r.Replace(leaseLeftSQL),
 		inspect:          r.Replace(inspectSQL),
 		purge:            r.Replace(purgeSQL),
@@ -358,6 +358,30 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 	}
 }
 
+// takeoverSQL is the conflict clause of claimSQL and batchClaimSQL, which
+// decides under the row's lock what to do with a row the fresh record
+// conflicts with (see claimSQL): take it over, repeat the holder's claim,
+// re-create an expired record, or leave it (locked) as it is.
+const takeoverSQL = `	ON CONFLICT (key) DO UPDATE SET
+		fingerprint = EXCLUDED.fingerprint,
+		state = 'started',
+		token = EXCLUDED.token,
+		fence = CASE WHEN r.expires_at > EXCLUDED.created_at AND r.token = EXCLUDED.token
+			THEN r.fence ELSE greatest(EXCLUDED.fence, r.fence + 1) END,
+		attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1
+			WHEN r.token = EXCLUDED.token THEN r.attempt ELSE r.attempt + 1 END,
+		lease_until = EXCLUDED.lease_until,
+		grace = EXCLUDED.grace,
+		expires_at = EXCLUDED.expires_at,
+		checkpoints = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN NULL ELSE r.checkpoints END,
+		result = NULL,
+		created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN EXCLUDED.created_at ELSE r.created_at END,
+		sweep_at = EXCLUDED.sweep_at
+	WHERE r.expires_at <= EXCLUDED.created_at
+		OR (r.state = 'started' AND r.fingerprint = EXCLUDED.fingerprint
+			AND (r.lease_until <= EXCLUDED.created_at OR r.token = EXCLUDED.token))
+`
+
 // freshRowSQL is the INSERT of a fresh claim that claimSQL and
 // claimInsertSQL share: a STARTED row under a new fence, with its lease,
 // grace and expiry counted from c.now, one read of the server's clock, and
@@ -365,14 +389,17 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 // statements add the FROM that reads it (claimSQL's first CTE, or
 // claimInsertSQL's subquery) and their own conflict handling.
 //
-// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
+// Its values are placeholders, rendered by buildStatements: $1 key,
+// $2 fingerprint, $3 token, $4 lease µs, $5 grace µs in a single claim's
+// statements; the columns of the input rows "i" in a batch's (see
+// batchInputSQL).
 const freshRowSQL = `
 	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
 		lease_until, grace, expires_at, checkpoints, result, created_at, sweep_at)
-	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
-		c.now + $4::bigint * interval '1 microsecond',
-		$5::bigint * interval '1 microsecond',
-		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
+	SELECT {KEY}, {FP}, 'started', {TOK}, nextval('{S}'), 1,
+		c.now + {LEASE} * interval '1 microsecond',
+		{GRACE} * interval '1 microsecond',
+		c.now + ({LEASE} + {GRACE}) * interval '1 microsecond',
 		NULL, NULL, c.now,
-		c.now + $5::bigint * interval '1 microsecond'
+		c.now + {GRACE} * interval '1 microsecond'
 `

@@ -111,6 +111,24 @@ type baseline struct {
 	f    func(g, i int) error
 }
 
+// Baseline is one of what [CompareAll] measures do against: Name names
+// its metrics, F is one call.
+type Baseline struct {
+	Name string
+	F    func(g, i int) error
+}
+
+// CompareAll is [Compare] against several baselines: the first's ratio
+// is "ratio", the others' NAME-ratio. It returns do's total time, for a
+// caller that reports it per item of an op (a batch's per message).
+func CompareAll(b *testing.B, callers int, trips *atomic.Int64, do func(g, i int) error, bases ...Baseline) time.Duration {
+	bs := make([]baseline, len(bases))
+	for i, x := range bases {
+		bs[i] = baseline{x.Name, x.F}
+	}
+	return compare(b, callers, trips, do, bs...)
+}
+
 // compare runs chunks of n calls of do and of each baseline in turn,
 // from callers goroutines each, so that all see the same load, and
 // reports ns/op (do's), NAME-ns/op for each baseline, ratio = the first
@@ -120,7 +138,7 @@ type baseline struct {
 // each baseline: the chunks run one after another, so the process's CPU
 // time over a chunk is that chunk's, and unlike the elapsed time it hardly
 // moves with the load of a shared machine.
-func compare(b *testing.B, callers int, trips *atomic.Int64, do func(g, i int) error, bases ...baseline) {
+func compare(b *testing.B, callers int, trips *atomic.Int64, do func(g, i int) error, bases ...baseline) time.Duration {
 	run := func(n, base int, f func(g, i int) error) (elapsed, cpu time.Duration) {
 		cpu0 := cpuTime()
 		var next atomic.Int64
@@ -178,6 +196,7 @@ func compare(b *testing.B, callers int, trips *atomic.Int64, do func(g, i int) e
 		b.ReportMetric(float64(baseTime[i])/float64(doTime), unit)
 	}
 	b.ReportMetric(float64(doTrips)/float64(b.N), "roundtrips/op")
+	return doTime
 }
 
 // Warm runs f(g) for g in [0, callers) at once, one goroutine each, so
