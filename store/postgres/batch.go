@@ -34,7 +34,9 @@ i AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::
 // single claim's read does, that row answers a replay, a mismatch or a
 // claim in progress under another token (see claimReadSQL). The items it
 // leaves undecided (a takeover, an expired row, a row committed after the
-// snapshot) go on to batchClaimSQL.
+// snapshot) go on to batchClaimSQL. The read of an item it inserted is
+// skipped: OFFSET 0 keeps the lateral subquery a subquery, whose
+// condition on ins PostgreSQL then checks once, before its index scan.
 const batchInsertSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),` + batchClaimInputSQL + `,
 ins AS (` + freshRowSQL + `	FROM c, i
@@ -44,7 +46,7 @@ ins AS (` + freshRowSQL + `	FROM c, i
 SELECT i.n, ins.fence, r.fence, r.attempt, r.fingerprint, r.state, r.token, r.lease_until, r.expires_at, r.result, c.now
 FROM c, i
 LEFT JOIN ins ON ins.key = i.key
-LEFT JOIN {T} AS r ON r.key = i.key AND ins.key IS NULL`
+LEFT JOIN LATERAL (SELECT * FROM {T} AS r WHERE r.key = i.key AND ins.key IS NULL OFFSET 0) AS r ON true`
 
 // batchClaimSQL is claimSQL over the input rows: each item is decided
 // under its row's lock by the same conflict clause (takeoverSQL), and

@@ -229,3 +229,48 @@ func TestBatchRacingBatches(t *testing.T) {
 		}
 	}
 }
+
+// With Options.Notify, a batch's completions and releases wake the
+// waiters of their records, as single ones do: each Watch returns long
+// before the leases it waits on end.
+func TestBatchNotifies(t *testing.T) {
+	s, _ := batchStore(t, &postgres.Options{Notify: true})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := claimReq("notify-a"), claimReq("notify-b")
+	a.Lease, b.Lease = time.Hour, time.Hour
+	_, errs := s.ClaimBatch(ctx, []idempotency.ClaimRequest{a, b})
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	woke := make(chan error, 2)
+	for _, k := range []string{a.Key, b.Key} {
+		go func() { woke <- s.Watch(ctx, k) }()
+	}
+	// Both subscribe and read their records, then wait on hour-long
+	// leases: neither may return before the batch.
+	time.Sleep(2 * time.Second)
+	select {
+	case err := <-woke:
+		t.Fatalf("a Watch returned before the batch finished its record: %v", err)
+	default:
+	}
+	ferrs := s.FinishBatch(ctx, []idempotency.Finish{
+		{Key: a.Key, Token: a.Token, Result: []byte("a"), Retention: time.Minute},
+		{Key: b.Key, Token: b.Token, Release: true},
+	})
+	if ferrs[0] != nil || ferrs[1] != nil {
+		t.Fatal(ferrs)
+	}
+	for range 2 {
+		select {
+		case err := <-woke:
+			if err != nil {
+				t.Errorf("Watch: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a Watch was not woken by the batch's completion or release within 10s")
+		}
+	}
+}
