@@ -3,8 +3,10 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/exactlyonce/idempotency"
 	"github.com/jackc/pgx/v5"
@@ -17,12 +19,14 @@ var _ idempotency.Batcher = (*Store)(nil)
 // parameter, unnested into the input rows "i", numbered n from 1 in the
 // order sent: a statement has the same few parameters whatever the size of
 // its batch, so PostgreSQL's limit of 65535 parameters never applies, and
-// one prepared statement serves every size.
+// one prepared statement serves every size. Each array goes as the text of
+// an array literal (see arrayText), cast on the server, which costs the
+// client a fraction of pgx's encoding of a Go slice, element by element.
 //
 // batchClaimInputSQL: $1 keys, $2 fingerprints, $3 tokens, $4 leases µs,
 // $5 graces µs.
 const batchClaimInputSQL = `
-i AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+i AS MATERIALIZED (SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[], $5::text::bigint[])
 	WITH ORDINALITY AS i(key, fp, tok, lease, grace, n))`
 
 // batchInsertSQL is the batch's first statement, the two plain statements
@@ -79,11 +83,11 @@ FROM cur, LATERAL (SELECT clock_timestamp() AS now) AS t`
 // record held under its token, with the SET lists of completeSQL and
 // releaseSQL, and returns the numbers of the items it changed. With
 // Options.Notify, each changed row notifies its key's hash ($6), as the
-// single statements do; without, $6 is NULL.
+// single statements do; without, $6 is empty.
 //
 // $1 keys, $2 tokens, $3 results, $4 retentions µs, $5 releases, $6 hashes.
 const batchFinishSQL = `
-WITH i AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[], $5::bool[], $6::text[])
+WITH i AS MATERIALIZED (SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bytea[], $4::text::bigint[], $5::text::bool[], $6::text::text[])
 	WITH ORDINALITY AS i(key, tok, res, ret, rel, hash, n)),
 done AS (
 	UPDATE {T} AS r SET ` + completeSetSQL + `
@@ -109,7 +113,7 @@ SELECT n FROM done UNION ALL SELECT n FROM gone`
 // $1 keys, $2 tokens.
 const batchFinishCheckSQL = `
 SELECT i.n, r.state = 'completed' AND r.token = i.tok
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS i(key, tok, n)
+FROM unnest($1::text::text[], $2::text::text[]) WITH ORDINALITY AS i(key, tok, n)
 JOIN {T} AS r ON r.key = i.key
 WHERE r.expires_at > clock_timestamp()
 FOR SHARE OF r`
@@ -200,14 +204,71 @@ func eachRound(items []int, key func(int) string, room func(chunk []int) bool, d
 
 // claimArgs are the array parameters of the claim statements for items.
 func claimArgs(reqs []idempotency.ClaimRequest, items []int) []any {
-	keys, fps, toks := make([]string, len(items)), make([]string, len(items)), make([]string, len(items))
-	leases, graces := make([]int64, len(items)), make([]int64, len(items))
-	for j, i := range items {
+	var keys, fps, toks, leases, graces arrayText
+	for _, i := range items {
 		r := reqs[i]
-		keys[j], fps[j], toks[j] = r.Key, string(r.Fingerprint), string(r.Token)
-		leases[j], graces[j] = micros(r.Lease), micros(r.Grace)
+		keys.text(r.Key)
+		fps.text(string(r.Fingerprint))
+		toks.text(string(r.Token))
+		leases.int(micros(r.Lease))
+		graces.int(micros(r.Grace))
 	}
-	return []any{keys, fps, toks, leases, graces}
+	return []any{keys.String(), fps.String(), toks.String(), leases.String(), graces.String()}
+}
+
+// arrayText builds the text of a PostgreSQL array literal, element by
+// element: strings quoted (a backslash or a double quote escaped), bytes
+// as quoted bytea hex, numbers and booleans bare. Its String, the
+// parameter, is cast to the array type by the statement.
+type arrayText struct{ b []byte }
+
+func (a *arrayText) next() {
+	if a.b == nil {
+		a.b = append(make([]byte, 0, 64), '{')
+	} else {
+		a.b = append(a.b, ',')
+	}
+}
+
+func (a *arrayText) text(s string) {
+	a.next()
+	a.b = append(a.b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			a.b = append(a.b, '\\')
+		}
+		a.b = append(a.b, s[i])
+	}
+	a.b = append(a.b, '"')
+}
+
+func (a *arrayText) bytea(v []byte) {
+	a.next()
+	a.b = append(a.b, `"\\x`...)
+	a.b = hex.AppendEncode(a.b, v)
+	a.b = append(a.b, '"')
+}
+
+func (a *arrayText) int(v int64) {
+	a.next()
+	a.b = strconv.AppendInt(a.b, v, 10)
+}
+
+func (a *arrayText) bool(v bool) {
+	a.next()
+	if v {
+		a.b = append(a.b, 't')
+	} else {
+		a.b = append(a.b, 'f')
+	}
+}
+
+// String closes the literal; an array of no elements is "{}".
+func (a *arrayText) String() string {
+	if a.b == nil {
+		return "{}"
+	}
+	return string(append(a.b, '}'))
 }
 
 // claimChunk claims items, whose keys are distinct, into results and
@@ -215,18 +276,18 @@ func claimArgs(reqs []idempotency.ClaimRequest, items []int) []any {
 func (s *Store) claimChunk(ctx context.Context, reqs []idempotency.ClaimRequest, items []int, results []idempotency.ClaimResult, errs []error) {
 	type row struct {
 		n        int64
-		inserted *int64
-		found    *int64 // the row's fence, when the snapshot has one
+		inserted pgtype.Int8 // the fence inserted
+		found    bool        // the snapshot has a row
 		readRow
 	}
-	rows, err := batchQuery(ctx, s, "claim", s.sql.batchInsert, claimArgs(reqs, items), func(rs pgx.CollectableRow) (row, error) {
+	rows, err := batchQuery(ctx, s, "claim", s.sql.batchInsert, len(items), claimArgs(reqs, items), func(rs pgx.CollectableRow) (row, error) {
 		var r row
-		var attempt *int32
-		var fp, state, token *string
-		err := rs.Scan(&r.n, &r.inserted, &r.found, &attempt, &fp, &state, &token, &r.leaseUntil, &r.expiresAt, &r.result, &r.now)
-		if r.found != nil && attempt != nil && fp != nil && state != nil && token != nil {
-			r.fence, r.attempt, r.fingerprint, r.state, r.token = *r.found, *attempt, *fp, *state, *token
-		}
+		var fence pgtype.Int8
+		var attempt pgtype.Int4
+		var fp, state, token pgtype.Text
+		err := rs.Scan(&r.n, &r.inserted, &fence, &attempt, &fp, &state, &token, &r.leaseUntil, &r.expiresAt, &r.result, &r.now)
+		r.found = fence.Valid && attempt.Valid && fp.Valid && state.Valid && token.Valid
+		r.fence, r.attempt, r.fingerprint, r.state, r.token = fence.Int64, attempt.Int32, fp.String, state.String, token.String
 		return r, err
 	})
 	if err != nil {
@@ -238,10 +299,10 @@ func (s *Store) claimChunk(ctx context.Context, reqs []idempotency.ClaimRequest,
 		i := items[r.n-1]
 		req := reqs[i]
 		switch {
-		case r.inserted != nil:
-			results[i] = idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: *r.inserted, Attempt: 1}
+		case r.inserted.Valid:
+			results[i] = idempotency.ClaimResult{Outcome: idempotency.OutcomeAcquired, Fence: r.inserted.Int64, Attempt: 1}
 			continue
-		case r.found != nil:
+		case r.found:
 			res, decided, err := claimResult(r.claimRow(req), req)
 			if err != nil || decided {
 				if err == nil && res.Outcome == idempotency.OutcomeReplay && r.expiresAt.InfinityModifier == pgtype.Finite {
@@ -271,7 +332,7 @@ func (s *Store) claimLocked(ctx context.Context, reqs []idempotency.ClaimRequest
 		n int64
 		claimRow
 	}
-	rows, err := batchQuery(ctx, s, "claim", s.sql.batchClaim, claimArgs(reqs, items), func(rs pgx.CollectableRow) (row, error) {
+	rows, err := batchQuery(ctx, s, "claim", s.sql.batchClaim, len(items), claimArgs(reqs, items), func(rs pgx.CollectableRow) (row, error) {
 		var r row
 		c := &r.claimRow
 		err := rs.Scan(&r.n, &c.acquired, &c.fence, &c.attempt, &c.checkpoints, &c.fingerprint, &c.state, &c.retryAfterMicros, &c.result, &c.stale)
@@ -343,27 +404,23 @@ func (s *Store) FinishBatch(ctx context.Context, items []idempotency.Finish) []e
 
 // finishChunk finishes items, whose keys are distinct, into errs.
 func (s *Store) finishChunk(ctx context.Context, items []idempotency.Finish, chunk []int, errs []error) {
-	keys, toks := make([]string, len(chunk)), make([]string, len(chunk))
-	res, rets, rels := make([][]byte, len(chunk)), make([]int64, len(chunk)), make([]bool, len(chunk))
-	var hashes []string
-	if s.notify {
-		hashes = make([]string, len(chunk))
-	}
-	for j, i := range chunk {
+	var keys, toks, res, rets, rels, hashes arrayText
+	for _, i := range chunk {
 		f := items[i]
-		keys[j], toks[j], rels[j] = f.Key, string(f.Token), f.Release
-		if !f.Release {
-			res[j], rets[j] = nonNil(f.Result), micros(f.Retention)
-		}
-		if hashes != nil {
-			hashes[j] = keyHash(f.Key)
+		keys.text(f.Key)
+		toks.text(string(f.Token))
+		rels.bool(f.Release)
+		res.bytea(f.Result)
+		rets.int(micros(f.Retention))
+		if s.notify {
+			hashes.text(keyHash(f.Key))
 		}
 	}
 	scanN := func(rs pgx.CollectableRow) (int64, error) {
 		var n int64
 		return n, rs.Scan(&n)
 	}
-	changed, err := batchQuery(ctx, s, "finish", s.sql.batchFinish, []any{keys, toks, res, rets, rels, hashes}, scanN)
+	changed, err := batchQuery(ctx, s, "finish", s.sql.batchFinish, len(chunk), []any{keys.String(), toks.String(), res.String(), rets.String(), rels.String(), hashes.String()}, scanN)
 	if err != nil {
 		fillErr(errs, chunk, err)
 		return
@@ -373,23 +430,22 @@ func (s *Store) finishChunk(ctx context.Context, items []idempotency.Finish, chu
 		done[n-1] = true
 	}
 	var left []int // positions in chunk
-	for j := range chunk {
+	var lk, lt arrayText
+	for j, i := range chunk {
 		if !done[j] {
 			left = append(left, j)
+			lk.text(items[i].Key)
+			lt.text(string(items[i].Token))
 		}
 	}
 	if len(left) == 0 {
 		return
 	}
-	lk, lt := make([]string, len(left)), make([]string, len(left))
-	for x, j := range left {
-		lk[x], lt[x] = keys[j], toks[j]
-	}
 	type check struct {
 		n         int64
 		completed bool
 	}
-	live, err := batchQuery(ctx, s, "finish", s.sql.batchFinishCheck, []any{lk, lt}, func(rs pgx.CollectableRow) (check, error) {
+	live, err := batchQuery(ctx, s, "finish", s.sql.batchFinishCheck, len(left), []any{lk.String(), lt.String()}, func(rs pgx.CollectableRow) (check, error) {
 		var c check
 		return c, rs.Scan(&c.n, &c.completed)
 	})
@@ -405,24 +461,25 @@ func (s *Store) finishChunk(ctx context.Context, items []idempotency.Finish, chu
 	}
 	for x, j := range left {
 		completed, isLive := found[int64(x)]
-		if rels[j] && !isLive || !rels[j] && completed {
+		if rel := items[chunk[j]].Release; rel && !isLive || !rel && completed {
 			continue // released already, completed already by this token
 		}
 		errs[chunk[j]] = idempotency.ErrLeaseLost
 	}
 }
 
-// batchQuery runs one statement of a batch and scans all its rows, or
+// batchQuery runs one statement of a batch and scans all its rows (about
+// size), or
 // returns the error that failed it (wrapped for op), after running it
 // again if PostgreSQL broke a deadlock by aborting it, unless the store's
 // DB is a transaction (which the abort lost).
-func batchQuery[R any](ctx context.Context, s *Store, op, sql string, args []any, scan func(pgx.CollectableRow) (R, error)) ([]R, error) {
+func batchQuery[R any](ctx context.Context, s *Store, op, sql string, size int, args []any, scan func(pgx.CollectableRow) (R, error)) ([]R, error) {
 	_, inTx := s.db.(pgx.Tx)
 	for attempt := 0; ; attempt++ {
+		out := make([]R, 0, size)
 		rows, err := s.db.Query(ctx, sql, args...)
-		var out []R
 		if err == nil {
-			out, err = pgx.CollectRows(rows, scan)
+			out, err = pgx.AppendRows(out, rows, scan)
 		}
 		if err == nil {
 			return out, nil

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -272,5 +273,50 @@ func TestBatchNotifies(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a Watch was not woken by the batch's completion or release within 10s")
 		}
+	}
+}
+
+// Keys, fingerprints and tokens with the characters an array literal
+// quotes or escapes, and results of every byte, go through a batch and
+// come back as they were, in every query mode.
+func TestBatchAwkwardValues(t *testing.T) {
+	odd := []string{`a"b`, `back\slash`, `{brace},comma`, ` lead and trail `, "NULL", "", `\"\\`, "ünï©ødé ✓", "tab\there"}
+	result := make([]byte, 256)
+	for i := range result {
+		result[i] = byte(i)
+	}
+	for _, m := range execModes {
+		t.Run(m.name, func(t *testing.T) {
+			s := newStore(t, testPool(t, m.mode), nil)
+			ctx := context.Background()
+			var reqs []idempotency.ClaimRequest
+			for i, o := range odd {
+				key := fmt.Sprint(m.name, i, o)
+				reqs = append(reqs, idempotency.ClaimRequest{Key: key, Fingerprint: idempotency.Fingerprint("fp" + o), Token: idempotency.Token("tok" + o), Lease: time.Minute, Grace: time.Minute})
+			}
+			res, errs := s.ClaimBatch(ctx, reqs)
+			var fin []idempotency.Finish
+			for i := range reqs {
+				if errs[i] != nil || res[i].Outcome != idempotency.OutcomeAcquired {
+					t.Fatalf("claim of %q: %v %v", reqs[i].Key, res[i].Outcome, errs[i])
+				}
+				fin = append(fin, idempotency.Finish{Key: reqs[i].Key, Token: reqs[i].Token, Result: append(result, byte(i)), Retention: time.Minute})
+			}
+			for i, err := range s.FinishBatch(ctx, fin) {
+				if err != nil {
+					t.Fatalf("completion of %q: %v", fin[i].Key, err)
+				}
+			}
+			again, errs := s.ClaimBatch(ctx, reqs)
+			for i, r := range reqs {
+				got, err := s.Claim(ctx, idempotency.ClaimRequest{Key: r.Key, Fingerprint: r.Fingerprint, Token: "other", Lease: time.Minute, Grace: time.Minute})
+				if err != nil || got.Outcome != idempotency.OutcomeReplay || !bytes.Equal(got.Result, fin[i].Result) {
+					t.Errorf("single replay of %q: %v %v, result equal %v", r.Key, got.Outcome, err, bytes.Equal(got.Result, fin[i].Result))
+				}
+				if errs[i] != nil || again[i].Outcome != idempotency.OutcomeReplay || !bytes.Equal(again[i].Result, fin[i].Result) {
+					t.Errorf("batch replay of %q: %v %v", r.Key, again[i].Outcome, errs[i])
+				}
+			}
+		})
 	}
 }
