@@ -320,3 +320,71 @@ func TestBatchAwkwardValues(t *testing.T) {
 		})
 	}
 }
+
+// Batches and single claims racing to take over the same ended leases
+// (the batch's locking statement): each record is taken over exactly once,
+// under a greater fence, and no racer gets an error.
+func TestBatchRacingTakeovers(t *testing.T) {
+	s, _ := batchStore(t, nil)
+	ctx := context.Background()
+	const keys, racers, rounds = 40, 6, 3
+	for round := range rounds {
+		key := func(k int) string { return fmt.Sprintf("take-%d-%d", round, k) }
+		old := make([]idempotency.ClaimRequest, keys)
+		for k := range old {
+			old[k] = claimReq(key(k))
+			old[k].Lease = 50 * time.Millisecond
+		}
+		first, errs := s.ClaimBatch(ctx, old)
+		for k, err := range errs {
+			if err != nil || first[k].Outcome != idempotency.OutcomeAcquired {
+				t.Fatalf("first claim of key %d: %v %v", k, first[k].Outcome, err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // every lease has ended
+		var acquired [keys]atomic.Int32
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for g := range racers {
+			wg.Go(func() {
+				order := rand.Perm(keys)
+				<-start
+				note := func(k int, r idempotency.ClaimResult, err error) {
+					switch {
+					case err != nil:
+						t.Errorf("racer %d, key %d: %v", g, k, err)
+					case r.Outcome == idempotency.OutcomeAcquired:
+						acquired[k].Add(1)
+						if r.Fence <= first[k].Fence || r.Attempt != 2 {
+							t.Errorf("racer %d, key %d: takeover with fence %d attempt %d, want above %d and 2", g, k, r.Fence, r.Attempt, first[k].Fence)
+						}
+					case r.Outcome != idempotency.OutcomeInProgress:
+						t.Errorf("racer %d, key %d: %v, want acquired or in progress", g, k, r.Outcome)
+					}
+				}
+				if g%2 == 1 {
+					for _, k := range order {
+						r, err := s.Claim(ctx, claimReq(key(k)))
+						note(k, r, err)
+					}
+					return
+				}
+				reqs := make([]idempotency.ClaimRequest, keys)
+				for j, k := range order {
+					reqs[j] = claimReq(key(k))
+				}
+				res, errs := s.ClaimBatch(ctx, reqs)
+				for j, k := range order {
+					note(k, res[j], errs[j])
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		for k := range keys {
+			if n := acquired[k].Load(); n != 1 {
+				t.Errorf("round %d, key %d: taken over %d times, want exactly once", round, k, n)
+			}
+		}
+	}
+}
