@@ -13,8 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-var _ idempotency.Batcher = (*Store)(nil)
-
 // The statements of a batch take each column of their items as one array
 // parameter, unnested into the input rows "i", numbered n from 1 in the
 // order sent: a statement has the same few parameters whatever the size of
@@ -90,13 +88,13 @@ const batchFinishSQL = `
 WITH i AS MATERIALIZED (SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bytea[], $4::text::bigint[], $5::text::bool[], $6::text::text[])
 	WITH ORDINALITY AS i(key, tok, res, ret, rel, hash, n)),
 done AS (
-	UPDATE {T} AS r SET ` + completeSetSQL + `
+	UPDATE {T} AS r SET` + completeSetSQL + `
 	FROM i
 	WHERE r.key = i.key AND NOT i.rel AND r.token = i.tok AND r.state = 'started' AND r.expires_at > clock_timestamp()
 	RETURNING i.n{NOTIFYB}
 ),
 gone AS (
-	UPDATE {T} AS r SET ` + releaseSetSQL + `
+	UPDATE {T} AS r SET` + releaseSetSQL + `
 	FROM i
 	WHERE r.key = i.key AND i.rel AND r.token = i.tok AND r.state = 'started' AND r.expires_at > clock_timestamp()
 	RETURNING i.n{NOTIFYB}

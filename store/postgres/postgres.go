@@ -12,7 +12,9 @@
 // rows are treated as absent and removed by [Store.Sweep]. With
 // [Options.Notify], Complete and Release also pg_notify, and [Store.Watch]
 // wakes waiting duplicates through one LISTEN connection per store instead
-// of polling.
+// of polling. It is an [idempotency.Batcher]: [idempotency.DoBatch] claims
+// a batch in one statement over arrays and records it in one more, each
+// item decided by the clauses of its single call.
 //
 // The store accepts a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx through the
 // narrow [DB] interface, and never closes it. The schema is embedded and
@@ -126,7 +128,8 @@ type Options struct {
 // Store is an [idempotency.Store] and [idempotency.Sweeper] on a PostgreSQL
 // table. It is safe for concurrent use if its DB is.
 //
-// It implements [idempotency.Watcher], effective with [Options.Notify].
+// It implements [idempotency.Watcher], effective with [Options.Notify],
+// and [idempotency.Batcher] (see [Store.ClaimBatch]).
 type Store struct {
 	db       DB
 	opts     Options
@@ -145,12 +148,13 @@ var (
 	_ idempotency.Watcher       = (*Store)(nil)
 	_ idempotency.Inspector     = (*Store)(nil)
 	_ idempotency.Transactional = (*Store)(nil)
+	_ idempotency.Batcher       = (*Store)(nil)
 )
 
 // Capabilities reports what the store does beyond the [idempotency.Store]
-// contract: it sweeps, inspects and runs in a caller's transaction
-// ([DoTx]); it watches with [Options.Notify]; it keeps values up to
-// [Options.MaxValueSize].
+// contract: it sweeps, inspects, claims and finishes batches in one
+// statement each, and runs in a caller's transaction ([DoTx]); it watches
+// with [Options.Notify]; it keeps values up to [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
 	c := idempotency.Capabilities{Inspector: s, Sweeper: s, Transactional: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: s.opts.MaxValueSize}}

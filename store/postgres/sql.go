@@ -147,7 +147,7 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expi
 // table's fillfactor keeps, a new version of the row on the same page and
 // no index entry.
 const completeSQL = `
-UPDATE {T} AS r SET ` + completeSetSQL + `
+UPDATE {T} AS r SET` + completeSetSQL + `
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > clock_timestamp()
 {RETURNING5}`
 
@@ -188,7 +188,7 @@ SELECT coalesce((
 // $1 key, $2 token, $3 result, $4 retention µs.
 var completeTxSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE {T} AS r SET ` + strings.ReplaceAll(completeSetSQL, "{NOW}", "c.now") + `
+UPDATE {T} AS r SET` + strings.ReplaceAll(completeSetSQL, "{NOW}", "c.now") + `
 FROM c
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 
@@ -209,7 +209,7 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 const releaseSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 del AS (
-	UPDATE {T} AS r SET ` + releaseSetSQL + `
+	UPDATE {T} AS r SET` + releaseSetSQL + `
 	FROM c
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
 	RETURNING {NOTIFY3}
