@@ -27,10 +27,13 @@ import (
 //	UPDATE t SET st = 'completed', resp = $2 WHERE key = $1
 //
 // and per replay one SELECT st, resp FROM t WHERE key = $1 of a completed
-// row; resp is the same 200-byte JSON result Do stores. Chunks of Do and
-// of the floor alternate, from 1 and from 16 goroutines, so both see the
-// same load. ns/op is Do's; raw-ns/op the floor's; ratio is raw-ns/op ÷
-// ns/op (the target is 0.9 for fresh, 0.8 for replays from 16 callers);
+// row; resp is the same 200-byte JSON result Do stores. Chunks of Do, of
+// the floor and of the JSON floor (the floor plus encoding the result
+// before a fresh call, decoding the value read after a replay: see
+// bench.FloorOps) alternate, from 1 and from 16 goroutines, so all see the
+// same load. ns/op is Do's; raw-ns/op the floor's, json-ns/op the JSON
+// floor's; ratio is raw-ns/op ÷ ns/op (the targets are 0.9 fresh from one
+// caller, 0.85 fresh from 16 and replays), json-ratio json-ns/op ÷ ns/op;
 // roundtrips/op counts Do's statements.
 //
 //	go test -run '^$' -bench PostgresFloor -count 5 -benchtime 3000x ./benchmarks/
@@ -126,16 +129,16 @@ func postgresFloor(b *testing.B, op string, callers int) {
 		}
 		return err
 	}
-	rawReplay := func(key string) error {
+	rawReplay := func(key string) ([]byte, error) {
 		var st string
 		var got []byte
 		if err := p.pool.QueryRow(ctx, sel, key).Scan(&st, &got); err != nil {
-			return fmt.Errorf("raw replay of %s: %w", key, err)
+			return nil, fmt.Errorf("raw replay of %s: %w", key, err)
 		}
 		if st != "completed" || len(got) != len(resp) {
-			return fmt.Errorf("raw replay of %s: %s, %d bytes", key, st, len(got))
+			return nil, fmt.Errorf("raw replay of %s: %s, %d bytes", key, st, len(got))
 		}
-		return nil
+		return got, nil
 	}
 	// Warm-up from every goroutine: connections dialled, statements
 	// prepared on each; replays read one completed key per goroutine.
@@ -153,9 +156,10 @@ func postgresFloor(b *testing.B, op string, callers int) {
 			if err := rawFresh(bench.HotKey(g)); err != nil {
 				return err
 			}
-			return rawReplay(bench.HotKey(g))
+			_, err := rawReplay(bench.HotKey(g))
+			return err
 		}
 		return nil
 	}, b.Fatal)
-	bench.FloorOp(b, op, callers, &p.trips, do, rawFresh, rawReplay)
+	bench.FloorOps(b, op, callers, &p.trips, do, bench.FloorCalls{Fresh: rawFresh, Replay: rawReplay})
 }

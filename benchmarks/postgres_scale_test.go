@@ -48,6 +48,15 @@ const scaleVar = "IDEM_BENCH_SCALE_1E7"
 // at most 2), and how many rows the sweep deleted (swept).
 //
 //	go test -run '^$' -bench 'PostgresScale/sweep' -count 5 -benchtime 1x -timeout 30m ./benchmarks/
+//
+// stuck=1e6 measures a full Store.Stuck pass, in pages of 100 as Reconcile
+// lists, over the table of 10⁶ live completed records of records=1e6 plus
+// 100 stuck ones (STARTED, lease ended, not expired), beside claims from
+// 16 goroutines as sweep=1e6 does: one operation is the whole pass. It
+// reports p99-base-ms, p99-stuck-ms, p99-ratio and how many pages the pass
+// took (pages).
+//
+//	go test -run '^$' -bench 'PostgresScale/stuck' -count 5 -benchtime 1x -timeout 30m ./benchmarks/
 func BenchmarkPostgresScale(b *testing.B) {
 	sizes := []int{1e3, 1e5, 1e6}
 	if os.Getenv(scaleVar) != "" {
@@ -61,6 +70,7 @@ func BenchmarkPostgresScale(b *testing.B) {
 		}
 	}
 	b.Run("sweep=1e6/callers=16", func(b *testing.B) { postgresSweep(b, 1e6) })
+	b.Run("stuck=1e6/callers=16", func(b *testing.B) { postgresStuck(b, 1e6) })
 }
 
 // power writes 10^k as 1ek.
@@ -155,9 +165,9 @@ func preload(ctx context.Context, p *pgPlace, n int, expiresAt string) error {
 	}
 	seq := p.table[:len(p.table)-1] + `_fence_seq"`
 	_, err = p.pool.Exec(ctx, `INSERT INTO `+p.table+` (key, fingerprint, state, token, fence, attempt,
-		lease_until, grace, expires_at, checkpoints, result, created_at)
+		lease_until, grace, expires_at, checkpoints, result, created_at, sweep_at)
 	SELECT $1::text || length('preload-' || i) || ':preload-' || i, r.fingerprint, r.state, md5(i::text), nextval('`+seq+`'), r.attempt,
-		r.lease_until, r.grace, `+expiresAt+`, r.checkpoints, r.result, r.created_at
+		r.lease_until, r.grace, `+expiresAt+`, r.checkpoints, r.result, r.created_at, LEAST(r.sweep_at, `+expiresAt+`)
 	FROM `+p.table+` AS r, generate_series(1, $2::bigint) AS i
 	WHERE r.key = $3::text`, prefix, int64(n), sk)
 	if err != nil {
@@ -253,75 +263,167 @@ func postgresSweep(b *testing.B, n int) {
 		if err := preload(ctx, p, n, "clock_timestamp() - interval '1 hour'"); err != nil {
 			b.Fatal(err)
 		}
-		tc := &timedClaims{Store: p.store}
-		r, err := idempotency.New(tc, idempotency.WithRetention(bench.Retention))
-		if err != nil {
-			b.Fatal(err)
-		}
-		fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
-		run := bench.RandomHex(4)
-		var next atomic.Int64
-		var failed atomic.Pointer[error]
-		// claim runs fresh Do calls from 16 goroutines until stop closes.
-		claim := func(stop <-chan struct{}) {
-			var wg sync.WaitGroup
-			for range 16 {
-				wg.Go(func() {
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						key := fmt.Sprintf("k-%s-%d", run, next.Add(1))
-						if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: scaleScope, Key: key}, fn); err != nil {
-							failed.CompareAndSwap(nil, &err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-		}
-		// Warm the connections, then the baseline: claims alone.
-		stop := make(chan struct{})
-		time.AfterFunc(500*time.Millisecond, func() { close(stop) })
-		claim(stop)
-		tc.take()
-		stop = make(chan struct{})
-		time.AfterFunc(3*time.Second, func() { close(stop) })
-		claim(stop)
-		base := tc.take()
-
-		b.StartTimer()
-		stop = make(chan struct{})
 		var swept int
-		var sweepErr error
-		sweepStart := time.Now()
-		var sweepTime time.Duration
-		go func() {
-			swept, sweepErr = p.store.Sweep(ctx, 0)
-			sweepTime = time.Since(sweepStart)
-			close(stop)
-		}()
-		claim(stop)
-		b.StopTimer()
-		during := tc.take()
-		if e := failed.Load(); e != nil {
-			b.Fatal(*e)
-		}
-		if sweepErr != nil {
-			b.Fatal(sweepErr)
-		}
+		took, base, during := besideClaims(b, p, func() (err error) {
+			swept, err = p.store.Sweep(ctx, 0)
+			return err
+		})
 		if swept < n {
 			b.Fatalf("the sweep deleted %d rows, want at least %d", swept, n)
 		}
-		pb, pd := p99(base), p99(during)
-		b.ReportMetric(float64(pb)/1e6, "p99-base-ms")
-		b.ReportMetric(float64(pd)/1e6, "p99-sweep-ms")
-		b.ReportMetric(float64(pd)/float64(pb), "p99-ratio")
+		reportBeside(b, "sweep", took, base, during)
 		b.ReportMetric(float64(swept), "swept")
-		b.ReportMetric(float64(len(during))/sweepTime.Seconds(), "claims/s")
-		b.ReportMetric(float64(len(base))/3, "base-claims/s")
 	}
+}
+
+// stuckRecords is how many stuck records BenchmarkPostgresScale's
+// stuck=1e6 adds to the 10⁶ live completed ones.
+const stuckRecords = 100
+
+// postgresStuck measures a full Stuck pass, in pages of 100 as Reconcile
+// and idemctl list, over the table of n live completed records that the
+// records=1eK benchmarks use, to which it adds stuckRecords STARTED
+// records whose lease ended and which have not expired. Fresh Do calls run
+// beside it from 16 goroutines (see besideClaims).
+func postgresStuck(b *testing.B, n int) {
+	b.StopTimer()
+	ctx := context.Background()
+	l := preloaded(b, n)
+	if err := addStuck(ctx, l.pgPlace, stuckRecords); err != nil {
+		b.Fatal(err)
+	}
+	for range b.N {
+		b.StopTimer()
+		var listed, pages int
+		took, base, during := besideClaims(b, l.pgPlace, func() error {
+			listed, pages = 0, 0
+			cursor := ""
+			for {
+				infos, next, err := l.store.Stuck(ctx, cursor, 100)
+				if err != nil {
+					return err
+				}
+				pages++
+				for _, info := range infos {
+					if strings.Contains(info.Key, ":stuck-") {
+						listed++
+					}
+				}
+				if next == "" {
+					return nil
+				}
+				cursor = next
+			}
+		})
+		if listed != stuckRecords {
+			b.Fatalf("the Stuck pass listed %d of the %d stuck records", listed, stuckRecords)
+		}
+		reportBeside(b, "stuck", took, base, during)
+		b.ReportMetric(float64(pages), "pages")
+	}
+}
+
+// addStuck adds n STARTED records under the keys stuck-1 … stuck-n to p's
+// table, copies of the completed record preload-1 whose lease ended a
+// minute ago and which expire in an hour (once: a repeat adds nothing).
+func addStuck(ctx context.Context, p *pgPlace, n int) error {
+	r, err := idempotency.New(p.store)
+	if err != nil {
+		return err
+	}
+	tmpl, err := r.StorageKey(idempotency.Request{Scope: scaleScope, Key: "preload-1"})
+	if err != nil {
+		return err
+	}
+	seq := p.table[:len(p.table)-1] + `_fence_seq"`
+	_, err = p.pool.Exec(ctx, `INSERT INTO `+p.table+` (key, fingerprint, state, token, fence, attempt,
+		lease_until, grace, expires_at, checkpoints, result, created_at, sweep_at)
+	SELECT replace(r.key, ':preload-1', ':stuck-' || i), r.fingerprint, 'started', md5(i::text), nextval('`+seq+`'), 1,
+		clock_timestamp() - interval '1 minute', interval '61 minutes', clock_timestamp() + interval '1 hour', NULL, NULL, r.created_at,
+		clock_timestamp() + interval '1 hour'
+	FROM `+p.table+` AS r, generate_series(1, $1::bigint) AS i
+	WHERE r.key = $2::text
+	ON CONFLICT DO NOTHING`, int64(n), tmpl)
+	return err
+}
+
+// besideClaims runs op while fresh Do calls on p's store run from 16
+// goroutines, after a baseline of 3 s of the same claims alone, and returns
+// op's time and the latencies of the claims before and during it. b's
+// timer runs from op's start until the claims beside it have stopped
+// (reportBeside then reports op's own time as ns/op).
+func besideClaims(b *testing.B, p *pgPlace, op func() error) (took time.Duration, base, during []time.Duration) {
+	ctx := context.Background()
+	tc := &timedClaims{Store: p.store}
+	r, err := idempotency.New(tc, idempotency.WithRetention(bench.Retention))
+	if err != nil {
+		b.Fatal(err)
+	}
+	fn := func(context.Context) (bench.Payment, error) { return bench.Result, nil }
+	run := bench.RandomHex(4)
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	// claim runs fresh Do calls from 16 goroutines until stop closes.
+	claim := func(stop <-chan struct{}) {
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					key := fmt.Sprintf("k-%s-%d", run, next.Add(1))
+					if _, err := idempotency.Do(ctx, r, idempotency.Request{Scope: scaleScope, Key: key}, fn); err != nil {
+						failed.CompareAndSwap(nil, &err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// Warm the connections, then the baseline: claims alone.
+	stop := make(chan struct{})
+	time.AfterFunc(500*time.Millisecond, func() { close(stop) })
+	claim(stop)
+	tc.take()
+	stop = make(chan struct{})
+	time.AfterFunc(3*time.Second, func() { close(stop) })
+	claim(stop)
+	base = tc.take()
+
+	b.StartTimer()
+	stop = make(chan struct{})
+	var opErr error
+	start := time.Now()
+	go func() {
+		opErr = op()
+		took = time.Since(start)
+		close(stop)
+	}()
+	claim(stop)
+	b.StopTimer()
+	during = tc.take()
+	if e := failed.Load(); e != nil {
+		b.Fatal(*e)
+	}
+	if opErr != nil {
+		b.Fatal(opErr)
+	}
+	return took, base, during
+}
+
+// reportBeside reports what besideClaims measured beside op: the claims'
+// p99 before (p99-base-ms) and during it (p99-OP-ms), their ratio
+// (p99-ratio), and the claims' rate during op and before it.
+func reportBeside(b *testing.B, op string, took time.Duration, base, during []time.Duration) {
+	pb, pd := p99(base), p99(during)
+	b.ReportMetric(float64(took.Nanoseconds())/float64(b.N), "ns/op")
+	b.ReportMetric(float64(pb)/1e6, "p99-base-ms")
+	b.ReportMetric(float64(pd)/1e6, "p99-"+op+"-ms")
+	b.ReportMetric(float64(pd)/float64(pb), "p99-ratio")
+	b.ReportMetric(float64(len(during))/took.Seconds(), "claims/s")
+	b.ReportMetric(float64(len(base))/3, "base-claims/s")
 }

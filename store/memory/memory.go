@@ -227,25 +227,13 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 // trip to save, it is the reference of [idempotency.Batcher], item by
 // item.
 func (s *Store) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
-	results, errs := make([]idempotency.ClaimResult, len(reqs)), make([]error, len(reqs))
-	for i, r := range reqs {
-		results[i], errs[i] = s.Claim(ctx, r)
-	}
-	return results, errs
+	return idempotency.ClaimEach(ctx, s, reqs)
 }
 
 // FinishBatch completes or releases each item as [Store.Complete] and
 // [Store.Release] do.
 func (s *Store) FinishBatch(ctx context.Context, items []idempotency.Finish) []error {
-	errs := make([]error, len(items))
-	for i, f := range items {
-		if f.Release {
-			errs[i] = s.Release(ctx, f.Key, f.Token)
-		} else {
-			errs[i] = s.Complete(ctx, f.Key, f.Token, f.Result, f.Retention)
-		}
-	}
-	return errs
+	return idempotency.FinishEach(ctx, s, items)
 }
 
 // Key returns the key under which the store keeps storageKey's record,

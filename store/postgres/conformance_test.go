@@ -22,14 +22,17 @@ const testMaxValueSize = 256 << 10
 // Claim's two plain statements run in either order (the insertion or the
 // read first, chosen from the recent claims): the exec mode pins the read
 // first and the simple protocol the insertion first, so that every case
-// is decided by both orders; the default mode lets the store choose.
+// is decided by both orders; the default mode lets the store choose. The
+// exec mode's stores also read one block of the table per Stuck call, so
+// that its listing goes over many pages, empty ones among them, with
+// cursors at the ends of the blocks read as well as at records listed.
 var execModes = []struct {
 	name string
 	mode pgx.QueryExecMode
 	pin  func(*postgres.Store)
 }{
 	{"extended", pgx.QueryExecModeCacheStatement, func(*postgres.Store) {}},
-	{"exec", pgx.QueryExecModeExec, func(s *postgres.Store) { postgres.PinClaimOrder(s, true) }},
+	{"exec", pgx.QueryExecModeExec, func(s *postgres.Store) { postgres.PinClaimOrder(s, true); postgres.SetStuckScan(s, 1) }},
 	{"simple_protocol", pgx.QueryExecModeSimpleProtocol, func(s *postgres.Store) { postgres.PinClaimOrder(s, false) }},
 }
 

@@ -155,8 +155,7 @@ func ExampleSchema() {
 	// CREATE SCHEMA IF NOT EXISTS "billing";
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."idempotency_keys_fence_seq" AS bigint;
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_keys" (
-	// CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx" ON "billing"."idempotency_keys" (expires_at);
-	// CREATE INDEX IF NOT EXISTS "idempotency_keys_started_idx" ON "billing"."idempotency_keys" (key) WHERE state = 'started';
+	// CREATE INDEX IF NOT EXISTS "idempotency_keys_sweep_at_idx" ON "billing"."idempotency_keys" (sweep_at);
 }
 
 // With Options.Notify, a duplicate that waits (idempotency.WithWait) is

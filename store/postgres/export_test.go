@@ -33,3 +33,7 @@ func PinClaimOrder(s *Store, readFirst bool) {
 
 // ClaimReadsFirst reports whether s's next claim starts with the read.
 func ClaimReadsFirst(s *Store) bool { return s.order.readFirst() }
+
+// SetStuckScan sets how many blocks of the table one Stuck call of s reads
+// at most; it must be called before s is used.
+func SetStuckScan(s *Store, n int) { s.stuckScan = n }

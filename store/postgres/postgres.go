@@ -12,7 +12,9 @@
 // rows are treated as absent and removed by [Store.Sweep]. With
 // [Options.Notify], Complete and Release also pg_notify, and [Store.Watch]
 // wakes waiting duplicates through one LISTEN connection per store instead
-// of polling.
+// of polling. It is an [idempotency.Batcher]: [idempotency.DoBatch] claims
+// a batch in one statement over arrays and records it in one more, each
+// item decided by the clauses of its single call.
 //
 // The store accepts a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx through the
 // narrow [DB] interface, and never closes it. The schema is embedded and
@@ -27,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"text/template"
 	"time"
 
@@ -70,9 +73,8 @@ type Options struct {
 	// Schema is the PostgreSQL schema of the table. Default: none, so the
 	// table is found through the search_path.
 	Schema string
-	// Table is the table's name; its fence sequence is Table+"_fence_seq",
-	// its expiry index Table+"_expires_at_idx" and its index of STARTED
-	// rows Table+"_started_idx". All names are used
+	// Table is the table's name; its fence sequence is Table+"_fence_seq"
+	// and its sweep index Table+"_sweep_at_idx". All names are used
 	// exactly as given (quoted), and must be identifiers: a letter or
 	// underscore, then letters, digits or underscores, at most 48 bytes
 	// for the table and 63 for the schema. Default: [DefaultTable].
@@ -126,7 +128,8 @@ type Options struct {
 // Store is an [idempotency.Store] and [idempotency.Sweeper] on a PostgreSQL
 // table. It is safe for concurrent use if its DB is.
 //
-// It implements [idempotency.Watcher], effective with [Options.Notify].
+// It implements [idempotency.Watcher], effective with [Options.Notify],
+// and [idempotency.Batcher] (see [Store.ClaimBatch]).
 type Store struct {
 	db       DB
 	opts     Options
@@ -134,6 +137,9 @@ type Store struct {
 	notify   bool
 	listener *listener // nil without Notify
 	order    claimOrder
+	// stuckScan bounds the blocks one Stuck call reads: [stuckScan], or
+	// fewer in tests.
+	stuckScan int
 }
 
 var (
@@ -142,14 +148,15 @@ var (
 	_ idempotency.Watcher       = (*Store)(nil)
 	_ idempotency.Inspector     = (*Store)(nil)
 	_ idempotency.Transactional = (*Store)(nil)
+	_ idempotency.Batcher       = (*Store)(nil)
 )
 
 // Capabilities reports what the store does beyond the [idempotency.Store]
-// contract: it sweeps, inspects and runs in a caller's transaction
-// ([DoTx]); it watches with [Options.Notify]; it keeps values up to
-// [Options.MaxValueSize].
+// contract: it sweeps, inspects, claims and finishes batches in one
+// statement each, and runs in a caller's transaction ([DoTx]); it watches
+// with [Options.Notify]; it keeps values up to [Options.MaxValueSize].
 func (s *Store) Capabilities() idempotency.Capabilities {
-	c := idempotency.Capabilities{Inspector: s, Sweeper: s, Transactional: s,
+	c := idempotency.Capabilities{Inspector: s, Sweeper: s, Transactional: s, Batcher: s,
 		Limits: idempotency.Limits{MaxValueSize: s.opts.MaxValueSize}}
 	if s.notify {
 		c.Watcher = s
@@ -183,7 +190,7 @@ func New(db DB, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, opts: o}
+	s := &Store{db: db, opts: o, stuckScan: stuckScan}
 	if o.Notify {
 		connect := o.ListenConnect
 		if connect == nil {
@@ -241,27 +248,32 @@ type objectNames struct {
 	Schema string // quoted schema, or ""
 	Table  string // quoted, qualified table
 	Seq    string // quoted, qualified sequence
-	Index  string // quoted index name (indexes live in their table's schema)
-	// StuckIndex is the quoted name of the partial index of STARTED rows.
-	StuckIndex string
-	Lock       string // plain qualified name, keys the migration's advisory lock
+	Index  string // quoted name of the sweep index (indexes live in their table's schema)
+	Lock   string // plain qualified name, keys the migration's advisory lock
+	// OldIndexes are the quoted, qualified names of the indexes of tables
+	// made before sweep_at, which Migrate drops from such a table.
+	OldIndexes string
 }
 
 func names(o Options) objectNames {
 	q := func(s string) string { return `"` + s + `"` }
 	n := objectNames{
-		Table:      q(o.Table),
-		Seq:        q(o.Table + "_fence_seq"),
-		Index:      q(o.Table + "_expires_at_idx"),
-		StuckIndex: q(o.Table + "_started_idx"),
-		Lock:       o.Table,
+		Table: q(o.Table),
+		Seq:   q(o.Table + "_fence_seq"),
+		Index: q(o.Table + "_sweep_at_idx"),
+		Lock:  o.Table,
 	}
+	old := []string{q(o.Table + "_expires_at_idx"), q(o.Table + "_started_idx")}
 	if o.Schema != "" {
 		n.Schema = q(o.Schema)
 		n.Table = n.Schema + "." + n.Table
 		n.Seq = n.Schema + "." + n.Seq
 		n.Lock = o.Schema + "." + o.Table
+		for i := range old {
+			old[i] = n.Schema + "." + old[i]
+		}
 	}
+	n.OldIndexes = strings.Join(old, ", ")
 	return n
 }
 

@@ -14,6 +14,7 @@ type statements struct {
 	claimInsert, claimRead, completeFallback                                  string
 	claim, renew, checkpoint, complete, completeTx, release, sweep, leaseLeft string
 	inspect, purge, stuck                                                     string
+	batchInsert, batchClaim, batchFinish, batchFinishCheck                    string
 }
 
 // The claim. One INSERT ... ON CONFLICT DO UPDATE decides, atomically:
@@ -40,24 +41,7 @@ const claimSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 ins AS (
 ` + freshRowSQL + `	FROM c
-	ON CONFLICT (key) DO UPDATE SET
-		fingerprint = EXCLUDED.fingerprint,
-		state = 'started',
-		token = EXCLUDED.token,
-		fence = CASE WHEN r.expires_at > EXCLUDED.created_at AND r.token = EXCLUDED.token
-			THEN r.fence ELSE greatest(EXCLUDED.fence, r.fence + 1) END,
-		attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1
-			WHEN r.token = EXCLUDED.token THEN r.attempt ELSE r.attempt + 1 END,
-		lease_until = EXCLUDED.lease_until,
-		grace = EXCLUDED.grace,
-		expires_at = EXCLUDED.expires_at,
-		checkpoints = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN NULL ELSE r.checkpoints END,
-		result = NULL,
-		created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN EXCLUDED.created_at ELSE r.created_at END
-	WHERE r.expires_at <= EXCLUDED.created_at
-		OR (r.state = 'started' AND r.fingerprint = EXCLUDED.fingerprint
-			AND (r.lease_until <= EXCLUDED.created_at OR r.token = EXCLUDED.token))
-	RETURNING r.fence, r.attempt, r.checkpoints
+` + takeoverSQL + `	RETURNING r.fence, r.attempt, r.checkpoints
 ),
 cur AS (
 	SELECT r.fingerprint, r.state, r.token, r.fence, r.attempt, r.lease_until, r.expires_at, r.result
@@ -118,12 +102,16 @@ SELECT r.fence, r.attempt, r.fingerprint, r.state, r.token, r.lease_until, r.exp
 FROM {T} AS r
 WHERE r.key = $1::text`
 
+// Renew keeps sweep_at at most the new expiry (see schema.sql), which
+// moves it only after a sweep moved it to the expiry of a longer lease:
+// otherwise it changes no indexed column, and is a HOT update.
 // $1 key, $2 token, $3 lease µs.
 const renewSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE {T} AS r SET
 	lease_until = c.now + $3::bigint * interval '1 microsecond',
-	expires_at = c.now + $3::bigint * interval '1 microsecond' + r.grace
+	expires_at = c.now + $3::bigint * interval '1 microsecond' + r.grace,
+	sweep_at = LEAST(r.sweep_at, c.now + $3::bigint * interval '1 microsecond' + r.grace)
 FROM c
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now`
 
@@ -151,15 +139,29 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expi
 // other in one execution. The WHERE reads it when it judges the row (again
 // when it re-checks a row that changed while it waited for its lock), and
 // the new lease end and expiry are counted from the time of the write.
+//
+// It keeps sweep_at at most the new expiry (see schema.sql), and leaves it
+// as it is when the retention is at least the claim's grace (the default:
+// the grace is the retention), and so changes no indexed column: PostgreSQL
+// then makes it a HOT update when the row's page has room, which the
+// table's fillfactor keeps, a new version of the row on the same page and
+// no index entry.
 const completeSQL = `
-UPDATE {T} AS r SET
-	state = 'completed',
-	result = coalesce($3::bytea, ''::bytea),
-	checkpoints = NULL,
-	lease_until = clock_timestamp(),
-	expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
+UPDATE {T} AS r SET` + completeSetSQL + `
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > clock_timestamp()
 {RETURNING5}`
+
+// completeSetSQL is the SET list of a completion, shared by completeSQL
+// and batchFinishSQL: {RES} is the result, {RET} the retention in µs,
+// {NOW} the server's clock (clock_timestamp(), read inline: see
+// completeSQL; completeTxSQL's c.now).
+const completeSetSQL = `
+	state = 'completed',
+	result = coalesce({RES}, ''::bytea),
+	checkpoints = NULL,
+	lease_until = {NOW},
+	expires_at = {NOW} + {RET} * interval '1 microsecond',
+	sweep_at = LEAST(r.sweep_at, r.created_at + {RET} * interval '1 microsecond')`
 
 // completeFallbackSQL runs when completeSQL changed nothing, and returns
 // whether the record already is COMPLETED under the token (a repeat of
@@ -180,16 +182,13 @@ SELECT coalesce((
 // completeTxSQL completes a record claimed earlier in the same
 // transaction. The transaction holds the row's lock since the claim, so no
 // one can have taken it over, and its lease (which nobody else could see)
-// does not matter: fn may have run for longer than it.
+// does not matter: fn may have run for longer than it. Like completeSQL,
+// it moves no indexed column when the retention is at least the grace, and
+// is then a HOT update.
 // $1 key, $2 token, $3 result, $4 retention µs.
-const completeTxSQL = `
+var completeTxSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
-UPDATE {T} AS r SET
-	state = 'completed',
-	result = coalesce($3::bytea, ''::bytea),
-	checkpoints = NULL,
-	lease_until = c.now,
-	expires_at = c.now + $4::bigint * interval '1 microsecond'
+UPDATE {T} AS r SET` + strings.ReplaceAll(completeSetSQL, "{NOW}", "c.now") + `
 FROM c
 WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 
@@ -200,7 +199,8 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 // Release may have released the row after the statement's snapshot.
 //
 // A released row is not deleted but left as a tombstone, expired since
-// forever, for the sweep to delete: a claim that re-creates the record then
+// forever, for the sweep to delete (its sweep_at too, so the next sweep
+// does, as it would a row deleted at once): a claim that re-creates the record then
 // goes through ON CONFLICT, which sees the old fence and hands out a
 // greater one. Deleting the row would let the re-creating INSERT use the
 // sequence value it drew when its statement began, which can be smaller
@@ -209,10 +209,7 @@ WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started'`
 const releaseSQL = `
 WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 del AS (
-	UPDATE {T} AS r SET
-		expires_at = '-infinity',
-		lease_until = '-infinity',
-		checkpoints = NULL
+	UPDATE {T} AS r SET` + releaseSetSQL + `
 	FROM c
 	WHERE r.key = $1::text AND r.token = $2::text AND r.state = 'started' AND r.expires_at > c.now
 	RETURNING {NOTIFY3}
@@ -221,20 +218,44 @@ SELECT EXISTS (SELECT FROM del) OR NOT EXISTS (
 	SELECT FROM {T} AS r, c WHERE r.key = $1::text AND r.expires_at > c.now
 	FOR SHARE OF r)`
 
-// One batch of the sweep: the oldest expired rows that no one holds
-// locked. Rows locked by a concurrent sweeper (or claim) are skipped, so
-// several sweepers divide the work instead of queueing. The subquery makes
-// the clock a constant, so the expires_at index is used.
+// releaseSetSQL is the SET list of a release, shared by releaseSQL and
+// batchFinishSQL: the row becomes a tombstone (see releaseSQL).
+const releaseSetSQL = `
+		expires_at = '-infinity',
+		lease_until = '-infinity',
+		sweep_at = '-infinity',
+		checkpoints = NULL`
+
+// One batch of the sweep: the rows whose sweep_at has come, first come
+// first, that no one holds locked. Rows locked by a concurrent sweeper (or
+// claim) are skipped, so several sweepers divide the work instead of
+// queueing. Of the rows it locked, the batch deletes those that have
+// expired, and moves the sweep_at of the others (live rows, see
+// schema.sql) to their expiry, when the sweep looks at them again. It returns
+// how many rows it locked and how many it deleted. The subquery makes the
+// clock a constant, so the index on sweep_at is used; expiry is judged by
+// the clock when a row is locked, on the row as locked.
 // $1 batch size.
 const sweepSQL = `
-DELETE FROM {T}
-WHERE key IN (
-	SELECT key FROM {T}
-	WHERE expires_at <= (SELECT clock_timestamp())
-	ORDER BY expires_at
+WITH due AS (
+	SELECT r.key, r.expires_at, r.expires_at <= clock_timestamp() AS expired
+	FROM {T} AS r
+	WHERE r.sweep_at <= (SELECT clock_timestamp())
+	ORDER BY r.sweep_at
 	LIMIT $1::bigint
-	FOR UPDATE SKIP LOCKED)
-AND expires_at <= (SELECT clock_timestamp())`
+	FOR UPDATE SKIP LOCKED
+),
+del AS (
+	DELETE FROM {T} AS r USING due
+	WHERE r.key = due.key AND due.expired
+	RETURNING 1
+),
+later AS (
+	UPDATE {T} AS r SET sweep_at = due.expires_at
+	FROM due
+	WHERE r.key = due.key AND NOT due.expired
+)
+SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM del)`
 
 // leaseLeftSQL reads, for Watch, the time left on the lease of a live
 // STARTED record, in µs (0 when it has ended); no row when the record is
@@ -258,7 +279,7 @@ FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
 WHERE r.key = $1::text AND r.expires_at > c.now`
 
 // Purge leaves a tombstone, as Release does and for the same reason (the
-// re-creating claim must see the old fence); with Options.Notify, $2 the
+// re-creating claim must see the old fence), for the next sweep; with Options.Notify, $2 the
 // key's hash is notified when a live row is purged.
 // $1 key.
 const purgeSQL = `
@@ -266,21 +287,34 @@ WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE {T} AS r SET
 	expires_at = '-infinity',
 	lease_until = '-infinity',
+	sweep_at = '-infinity',
 	checkpoints = NULL,
 	result = NULL
 FROM c
 WHERE r.key = $1::text AND r.expires_at > c.now
 RETURNING {NOTIFY2}`
 
-// The stuck rows after $1 in key order, at most $2 of them; the partial
-// index on STARTED rows keeps this from reading completed ones.
+// One page of Stuck: the stuck rows among those stored in the table's
+// blocks from the tuple after $1 up to the block of $3 (tuple IDs, read
+// with a TID range scan, in the table's physical order), at most $2, each
+// with false and its tuple ID in the first two columns. A last row, with
+// true first, gives in place of the tuple ID the table's size in blocks.
+// No index lists STARTED rows (it would cost every claim and completion):
+// a page reads a bounded range of the table, and a pass over the table
+// reads all of it, paid by the operator's or the reconciler's call. A
+// stuck row is never updated, so its tuple ID stays the same during a
+// listing (but for VACUUM FULL, CLUSTER or another rewrite of the table).
 const stuckSQL = `
-SELECT ` + infoColumns + `
-FROM {T} AS r, (SELECT clock_timestamp() AS now) AS c
-WHERE r.state = 'started' AND r.key > $1::text
-	AND r.lease_until <= c.now AND r.expires_at > c.now
-ORDER BY r.key
-LIMIT $2::bigint`
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+(SELECT false, r.ctid::text, ` + infoColumns + `
+FROM {T} AS r, c
+WHERE r.ctid > $1::tid AND r.ctid < $3::tid
+	AND r.state = 'started' AND r.lease_until <= c.now AND r.expires_at > c.now
+ORDER BY r.ctid
+LIMIT $2::bigint)
+UNION ALL
+SELECT true, (pg_relation_size('{T}'::regclass) / current_setting('block_size')::bigint)::text,
+	'', '', '', 0, 0, 0, 0, NULL`
 
 // buildStatements renders the statements for the names n. With notify,
 // Complete and Release notify channel (a validated identifier, safe in a
@@ -292,8 +326,21 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 		n3 = "pg_notify('" + channel + "', $3::text)"
 		n2 = "pg_notify('" + channel + "', $2::text)"
 	}
-	r := strings.NewReplacer("{T}", n.Table, "{S}", n.Seq, "{RETURNING5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2)
+	names := []string{"{T}", n.Table, "{S}", n.Seq, "{RETURNING5}", n5, "{NOTIFY3}", n3, "{NOTIFY2}", n2,
+		"{NOTIFYB}", batchNotify(channel, notify)}
+	// A single call's statements take their values as parameters, a
+	// batch's from its input rows "i" (see freshRowSQL, completeSetSQL).
+	r := strings.NewReplacer(append(names, "{KEY}", "$1::text", "{FP}", "$2::text", "{TOK}", "$3::text",
+		"{LEASE}", "$4::bigint", "{GRACE}", "$5::bigint", "{RES}", "$3::bytea", "{RET}", "$4::bigint",
+		"{NOW}", "clock_timestamp()")...)
+	rb := strings.NewReplacer(append(names, "{KEY}", "i.key", "{FP}", "i.fp", "{TOK}", "i.tok",
+		"{LEASE}", "i.lease", "{GRACE}", "i.grace", "{RES}", "i.res", "{RET}", "i.ret",
+		"{NOW}", "clock_timestamp()")...)
 	return statements{
+		batchInsert:      rb.Replace(batchInsertSQL),
+		batchClaim:       rb.Replace(batchClaimSQL),
+		batchFinish:      rb.Replace(batchFinishSQL),
+		batchFinishCheck: rb.Replace(batchFinishCheckSQL),
 		leaseLeft:        r.Replace(leaseLeftSQL),
 		inspect:          r.Replace(inspectSQL),
 		purge:            r.Replace(purgeSQL),
@@ -311,19 +358,48 @@ func buildStatements(n objectNames, channel string, notify bool) statements {
 	}
 }
 
+// takeoverSQL is the conflict clause of claimSQL and batchClaimSQL, which
+// decides under the row's lock what to do with a row the fresh record
+// conflicts with (see claimSQL): take it over, repeat the holder's claim,
+// re-create an expired record, or leave it (locked) as it is.
+const takeoverSQL = `	ON CONFLICT (key) DO UPDATE SET
+		fingerprint = EXCLUDED.fingerprint,
+		state = 'started',
+		token = EXCLUDED.token,
+		fence = CASE WHEN r.expires_at > EXCLUDED.created_at AND r.token = EXCLUDED.token
+			THEN r.fence ELSE greatest(EXCLUDED.fence, r.fence + 1) END,
+		attempt = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN 1
+			WHEN r.token = EXCLUDED.token THEN r.attempt ELSE r.attempt + 1 END,
+		lease_until = EXCLUDED.lease_until,
+		grace = EXCLUDED.grace,
+		expires_at = EXCLUDED.expires_at,
+		checkpoints = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN NULL ELSE r.checkpoints END,
+		result = NULL,
+		created_at = CASE WHEN r.expires_at <= EXCLUDED.created_at THEN EXCLUDED.created_at ELSE r.created_at END,
+		sweep_at = EXCLUDED.sweep_at
+	WHERE r.expires_at <= EXCLUDED.created_at
+		OR (r.state = 'started' AND r.fingerprint = EXCLUDED.fingerprint
+			AND (r.lease_until <= EXCLUDED.created_at OR r.token = EXCLUDED.token))
+`
+
 // freshRowSQL is the INSERT of a fresh claim that claimSQL and
 // claimInsertSQL share: a STARTED row under a new fence, with its lease,
-// grace and expiry counted from c.now, one read of the server's clock. The
+// grace and expiry counted from c.now, one read of the server's clock, and
+// sweep_at the grace after c.now (see schema.sql). The
 // statements add the FROM that reads it (claimSQL's first CTE, or
 // claimInsertSQL's subquery) and their own conflict handling.
 //
-// $1 key, $2 fingerprint, $3 token, $4 lease µs, $5 grace µs.
+// Its values are placeholders, rendered by buildStatements: $1 key,
+// $2 fingerprint, $3 token, $4 lease µs, $5 grace µs in a single claim's
+// statements; the columns of the input rows "i" in a batch's (see
+// batchInputSQL).
 const freshRowSQL = `
 	INSERT INTO {T} AS r (key, fingerprint, state, token, fence, attempt,
-		lease_until, grace, expires_at, checkpoints, result, created_at)
-	SELECT $1::text, $2::text, 'started', $3::text, nextval('{S}'), 1,
-		c.now + $4::bigint * interval '1 microsecond',
-		$5::bigint * interval '1 microsecond',
-		c.now + ($4::bigint + $5::bigint) * interval '1 microsecond',
-		NULL, NULL, c.now
+		lease_until, grace, expires_at, checkpoints, result, created_at, sweep_at)
+	SELECT {KEY}, {FP}, 'started', {TOK}, nextval('{S}'), 1,
+		c.now + {LEASE} * interval '1 microsecond',
+		{GRACE} * interval '1 microsecond',
+		c.now + ({LEASE} + {GRACE}) * interval '1 microsecond',
+		NULL, NULL, c.now,
+		c.now + {GRACE} * interval '1 microsecond'
 `

@@ -389,11 +389,13 @@ func (s *Store) Release(ctx context.Context, key string, token idempotency.Token
 
 // Sweep deletes up to limit expired rows (limit <= 0: all of them), in
 // statements of at most SweepBatch rows each, and reports how many it
-// deleted. Each batch locks its rows with FOR UPDATE SKIP LOCKED, so
-// sweepers on several instances share the work without blocking each other
-// or a claim. It never deletes a live row: expiry is judged by the
-// server's clock. Run it periodically (see the README); correctness never
-// depends on it.
+// deleted. Each batch takes, through the index on sweep_at, the rows
+// whose sweep_at has come (a row's expiry as its claim set it), locked
+// with FOR UPDATE SKIP LOCKED, so sweepers on several instances share the
+// work without blocking each other or a claim; it deletes those that have
+// expired and moves the others' sweep_at to their expiry. It never deletes
+// a live row: expiry is judged by the server's clock. Run it periodically
+// (see the README); correctness never depends on it.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	total := 0
 	for limit <= 0 || total < limit {
@@ -401,15 +403,14 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		if limit > 0 {
 			n = min(n, limit-total)
 		}
-		tag, err := s.db.Exec(ctx, s.sql.sweep, int64(n))
-		if err != nil {
+		var locked, deleted int64
+		if err := s.db.QueryRow(ctx, s.sql.sweep, int64(n)).Scan(&locked, &deleted); err != nil {
 			return total, wrapErr(ctx, "sweep", err)
 		}
-		got := int(tag.RowsAffected())
-		total += got
-		// Fewer than asked: nothing expired is left but rows other
-		// sweepers hold (they will delete them).
-		if got < n {
+		total += int(deleted)
+		// Fewer than asked: no row is due but rows other sweepers hold
+		// (they will deal with them).
+		if locked < int64(n) {
 			break
 		}
 	}

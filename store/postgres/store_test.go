@@ -63,7 +63,8 @@ func TestSchemaIsIdempotentSQL(t *testing.T) {
 		`CREATE SCHEMA IF NOT EXISTS "app"`,
 		`CREATE SEQUENCE IF NOT EXISTS "app"."idem_fence_seq"`,
 		`CREATE TABLE IF NOT EXISTS "app"."idem"`,
-		`CREATE INDEX IF NOT EXISTS "idem_expires_at_idx" ON "app"."idem" (expires_at)`,
+		`CREATE INDEX IF NOT EXISTS "idem_sweep_at_idx" ON "app"."idem" (sweep_at)`,
+		`) WITH (fillfactor = 90);`,
 	} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("Schema lacks %q:\n%s", want, sql)
@@ -468,4 +469,54 @@ func (r *argRecorder) all() []recorded {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]recorded(nil), r.stmts...)
+}
+
+// TestMigrateUpgradesAnOldTable: Migrate on a table made by the schema
+// before sweep_at adds the column (with a default, so that the old
+// statements, which do not write it, still insert), drops that schema's
+// two indexes, and leaves a table the store then works on.
+func TestMigrateUpgradesAnOldTable(t *testing.T) {
+	pool := testPool(t, pgx.QueryExecModeCacheStatement)
+	ctx := t.Context()
+	table := "old_" + randomHex(6)
+	q := testSchema + "." + table
+	for _, sql := range []string{
+		`CREATE TABLE ` + q + ` (key text COLLATE "C" NOT NULL PRIMARY KEY, fingerprint text NOT NULL, state text NOT NULL,
+			token text NOT NULL, fence bigint NOT NULL, attempt integer NOT NULL, lease_until timestamptz NOT NULL,
+			grace interval NOT NULL, expires_at timestamptz NOT NULL, checkpoints jsonb, result bytea, created_at timestamptz NOT NULL)`,
+		`CREATE INDEX ` + table + `_expires_at_idx ON ` + q + ` (expires_at)`,
+		`CREATE INDEX ` + table + `_started_idx ON ` + q + ` (key) WHERE state = 'started'`,
+		`INSERT INTO ` + q + ` VALUES ('old', 'f', 'completed', 't', 1, 1, clock_timestamp(), '0', clock_timestamp() + interval '1 hour', NULL, 'r', clock_timestamp())`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := newStore(t, pool, &postgres.Options{Table: table})
+	var indexes []string
+	rows, err := pool.Query(ctx, "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 ORDER BY 1", testSchema, table)
+	if err == nil {
+		indexes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{table + "_pkey", table + "_sweep_at_idx"}; strings.Join(indexes, " ") != strings.Join(want, " ") {
+		t.Errorf("indexes after Migrate: %v, want %v", indexes, want)
+	}
+	// The old version's insert, without sweep_at, still works.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+q+` (key, fingerprint, state, token, fence, attempt, lease_until, grace, expires_at, created_at)
+		VALUES ('old2', 'f', 'started', 't', 2, 1, clock_timestamp(), '0', clock_timestamp(), clock_timestamp())`); err != nil {
+		t.Errorf("an insert without sweep_at after the upgrade: %v", err)
+	}
+	res, err := s.Claim(ctx, idempotency.ClaimRequest{Key: "old", Fingerprint: "f", Token: "new", Lease: time.Minute})
+	if err != nil || res.Outcome != idempotency.OutcomeReplay {
+		t.Errorf("claim of the old table's record: %+v, %v; want a replay", res, err)
+	}
+	if n, err := s.Sweep(ctx, 0); err != nil || n != 1 {
+		t.Errorf("Sweep after the upgrade: %d, %v; want the one expired row", n, err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Errorf("Migrate again: %v", err)
+	}
 }

@@ -131,9 +131,11 @@ func throughput(rows []row, env string) string {
 
 // ratios draws the ratio of every floor and scale comparison as a
 // horizontal bar (the median, with a whisker over the range of the runs)
-// on a linear axis from 0 to 1.2, with the target of each marked: 0.9 for
-// the floors, 0.8 for the scale runs against an empty store, and 0.8 of
-// the ratio with no records for the scale runs against a floor. withEnv adds the line describing the
+// on a linear axis from 0 to 1.2, with the target of each marked: the
+// floor's (floorRow.target) for the raw floors, whose JSON floors follow,
+// lighter and without a target; 0.8 for the scale runs against an empty
+// store, and 0.8 of the ratio with no records for the scale runs against
+// a floor. withEnv adds the line describing the
 // machine, when no throughput panel above has it. It returns the SVG and
 // its height.
 func ratios(c comparisons, env string, withEnv bool) (string, int) {
@@ -141,14 +143,18 @@ func ratios(c comparisons, env string, withEnv bool) (string, int) {
 		label, color string
 		s            stat
 		target       float64
+		light        bool // the second floor's: drawn lighter
 	}
 	var bars []bar
 	for _, f := range c.floors {
-		bars = append(bars, bar{fmt.Sprintf("%s %s, %d caller(s): Do vs raw floor", f.backend, f.workload, f.callers), colors[f.backend], f.ratio, 0.9})
+		bars = append(bars, bar{fmt.Sprintf("%s %s, %d caller(s): Do vs raw floor", f.backend, f.workload, f.callers), colors[f.backend], f.ratio, f.target(), false})
+		if f.jsonRatio.med > 0 {
+			bars = append(bars, bar{fmt.Sprintf("%s %s, %d caller(s): Do vs JSON floor", f.backend, f.workload, f.callers), colors[f.backend], f.jsonRatio, 0, true})
+		}
 	}
 	for _, s := range c.scales {
 		if !s.againstFloor() {
-			bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: loaded vs empty", s.backend, s.workload, s.records), colors[s.backend], s.ratio, 0.8})
+			bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: loaded vs empty", s.backend, s.workload, s.records), colors[s.backend], s.ratio, 0.8, false})
 			continue
 		}
 		// Against a floor at each size, the target is 0.8 of the ratio
@@ -159,7 +165,7 @@ func ratios(c comparisons, env string, withEnv bool) (string, int) {
 				target = 0.8 * base.ratio.med
 			}
 		}
-		bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: Do vs raw floor", s.backend, s.workload, s.records), colors[s.backend], s.ratio, target})
+		bars = append(bars, bar{fmt.Sprintf("%s %s, %s records: Do vs raw floor", s.backend, s.workload, s.records), colors[s.backend], s.ratio, target, false})
 	}
 	const (
 		left, right, top, rowH = 300, 40, 70, 22
@@ -186,8 +192,12 @@ func ratios(c comparisons, env string, withEnv bool) (string, int) {
 			color = "#999"
 		}
 		p(`<text x="%.1f" y="%.1f" font-size="11" text-anchor="end">%s</text>`, x0-8, y+13, html.EscapeString(br.label))
-		p(`<rect x="%.1f" y="%.1f" width="%.1f" height="14" fill="%s"><title>%s: %.2f (%.2f–%.2f)</title></rect>`,
-			x0, y+2, x(br.s.med)-x0, color, html.EscapeString(br.label), br.s.med, br.s.lo, br.s.hi)
+		opacity := 1.0
+		if br.light {
+			opacity = 0.45
+		}
+		p(`<rect x="%.1f" y="%.1f" width="%.1f" height="14" fill="%s" fill-opacity="%.2f"><title>%s: %.2f (%.2f–%.2f)</title></rect>`,
+			x0, y+2, x(br.s.med)-x0, color, opacity, html.EscapeString(br.label), br.s.med, br.s.lo, br.s.hi)
 		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`, x(br.s.lo), y+9, x(br.s.hi), y+9)
 		if br.target > 0 {
 			p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2"/>`, x(br.target), y, x(br.target), y+18)

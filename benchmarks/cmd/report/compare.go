@@ -19,22 +19,27 @@ import (
 // name alone:
 //
 //   - BenchmarkXxxFloor/op=OP/callers=N: Do against a raw floor of the
-//     same round trips (metrics ns/op, raw-ns/op, ratio, roundtrips/op);
+//     same round trips (metrics ns/op, raw-ns/op, ratio, roundtrips/op),
+//     and against the JSON floor, the raw floor plus the encoding or
+//     decoding of the value every caller of a raw driver does
+//     (json-ns/op, json-ratio), when the benchmark reports it;
 //   - BenchmarkXxxScale/records=1eK/op=OP/callers=N: Do on a store that
 //     holds 10^K live records against an empty one (ns/op, empty-ns/op,
 //     ratio, bytes/record); or, when the benchmark reports raw-ns/op
 //     instead of empty-ns/op, Do on that store against a raw floor on the
 //     same server (a backend whose absolute times drift between runs is
 //     compared with its floor at each size, records=0 included);
-//   - BenchmarkXxxScale/sweep=1eK/callers=N: claims beside a sweep of 10^K
-//     expired records (p99-base-ms, p99-sweep-ms, p99-ratio, swept).
+//   - BenchmarkXxxScale/PASS=1eK/callers=N, PASS sweep or stuck: claims
+//     beside an operator's pass over 10^K records, a sweep of expired ones
+//     or a Stuck listing of live ones (ns/op: the pass; p99-base-ms,
+//     p99-PASS-ms, p99-ratio).
 //
 // Xxx names the backend in CamelCase: Postgres, Redis, RedisCluster, Etcd,
 // Mongo become postgres, redis, redis-cluster, etcd, mongo.
 var (
 	floorName = regexp.MustCompile(`^Benchmark(\w+)Floor/op=([\w-]+)/callers=(\d+)$`)
 	scaleName = regexp.MustCompile(`^Benchmark(\w+)Scale/records=(0|1e\d+)/op=([\w-]+)/callers=(\d+)$`)
-	sweepName = regexp.MustCompile(`^Benchmark(\w+)Scale/sweep=(1e\d+)/callers=(\d+)$`)
+	passName  = regexp.MustCompile(`^Benchmark(\w+)Scale/(sweep|stuck)=(1e\d+)/callers=(\d+)$`)
 )
 
 // benchRun is one result line of go test -bench: its metrics by unit.
@@ -98,13 +103,28 @@ func statOf(runs []benchRun, unit string) stat {
 	return stat{med, v[0], v[len(v)-1]}
 }
 
-// floorRow, scaleRow and sweepRow are the comparison figures of one
+// floorRow, scaleRow and passRow are the comparison figures of one
 // benchmark, over its runs.
 type floorRow struct {
 	backend, workload string
 	callers, runs     int
 	do, raw, ratio    stat
-	trips             float64
+	// json and jsonRatio are the JSON floor's, when reported (med 0
+	// otherwise).
+	json, jsonRatio stat
+	trips           float64
+}
+
+// target is the floor ratio issue 23 asks of row f: 0.9, but 0.85 for
+// PostgreSQL replays and for fresh calls from 16 callers on PostgreSQL and
+// Redis. Targets are against the raw floor.
+func (f floorRow) target() float64 {
+	switch {
+	case f.backend == "postgres" && f.workload == "replay",
+		f.workload == "fresh" && f.callers > 1 && (f.backend == "postgres" || f.backend == "redis"):
+		return 0.85
+	}
+	return 0.9
 }
 
 type scaleRow struct {
@@ -121,8 +141,8 @@ type scaleRow struct {
 // with an empty store.
 func (s scaleRow) againstFloor() bool { return s.floor.med > 0 && s.empty.med == 0 }
 
-type sweepRow struct {
-	backend, rows            string
+type passRow struct {
+	backend, pass, rows      string
 	callers, runs            int
 	seconds, base, during, r stat
 }
@@ -132,11 +152,11 @@ type sweepRow struct {
 type comparisons struct {
 	floors []floorRow
 	scales []scaleRow
-	sweeps []sweepRow
+	passes []passRow
 }
 
 func (c comparisons) empty() bool {
-	return len(c.floors) == 0 && len(c.scales) == 0 && len(c.sweeps) == 0
+	return len(c.floors) == 0 && len(c.scales) == 0 && len(c.passes) == 0
 }
 
 // backendName turns the CamelCase Xxx of a benchmark's name into the
@@ -164,6 +184,7 @@ func collect(names []string, runs map[string][]benchRun) comparisons {
 			c.floors = append(c.floors, floorRow{
 				backend: backendName(m[1]), workload: m[2], callers: callers, runs: len(rs),
 				do: statOf(rs, "ns/op"), raw: statOf(rs, "raw-ns/op"), ratio: statOf(rs, "ratio"),
+				json: statOf(rs, "json-ns/op"), jsonRatio: statOf(rs, "json-ratio"),
 				trips: statOf(rs, "roundtrips/op").med,
 			})
 		}
@@ -175,13 +196,13 @@ func collect(names []string, runs map[string][]benchRun) comparisons {
 				bytesPerRecord: statOf(rs, "bytes/record").med,
 			})
 		}
-		if m := sweepName.FindStringSubmatch(name); m != nil {
-			callers, _ := strconv.Atoi(m[3])
+		if m := passName.FindStringSubmatch(name); m != nil {
+			callers, _ := strconv.Atoi(m[4])
 			ns := statOf(rs, "ns/op")
-			c.sweeps = append(c.sweeps, sweepRow{
-				backend: backendName(m[1]), rows: m[2], callers: callers, runs: len(rs),
+			c.passes = append(c.passes, passRow{
+				backend: backendName(m[1]), pass: m[2], rows: m[3], callers: callers, runs: len(rs),
 				seconds: stat{ns.med / 1e9, ns.lo / 1e9, ns.hi / 1e9},
-				base:    statOf(rs, "p99-base-ms"), during: statOf(rs, "p99-sweep-ms"), r: statOf(rs, "p99-ratio"),
+				base:    statOf(rs, "p99-base-ms"), during: statOf(rs, "p99-"+m[2]+"-ms"), r: statOf(rs, "p99-ratio"),
 			})
 		}
 	}
@@ -214,6 +235,14 @@ func ms(ns float64) string {
 	return fmt.Sprintf("%.2f ms", ns/1e6)
 }
 
+// seconds formats a time in seconds, with more digits under ten.
+func seconds(s float64) string {
+	if s < 10 {
+		return fmt.Sprintf("%.2f s", s)
+	}
+	return fmt.Sprintf("%.1f s", s)
+}
+
 // ranged formats a ratio's median with its range over the runs.
 func ranged(s stat, runs int) string {
 	if runs < 2 {
@@ -224,12 +253,16 @@ func ranged(s stat, runs int) string {
 
 func writeComparisons(w io.Writer, c comparisons) {
 	if len(c.floors) > 0 {
-		fmt.Fprintln(w, "\nDo against a raw floor of the same round trips on the same server and pool (BenchmarkXxxFloor; ratio = floor time ÷ Do time, median of the runs and their range; target 0.9):")
-		fmt.Fprintln(w, "\n| backend | workload | callers | Do | floor | ratio | round trips/op |")
-		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|")
+		fmt.Fprintln(w, "\nDo against two floors of the same round trips on the same server and pool, alternating (BenchmarkXxxFloor): the raw floor (trivial statements: the physical limit) and the JSON floor (the raw floor plus what every caller of a raw driver does with the value: encode the result before a fresh call, decode the value read into the same Go type after a replay). Ratio = floor time ÷ Do time, median of the runs and their range; the targets are against the raw floor:")
+		fmt.Fprintln(w, "\n| backend | workload | callers | Do | raw floor | ratio | JSON floor | ratio | target | round trips/op |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
 		for _, f := range c.floors {
-			fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %.2f |\n",
-				f.backend, f.workload, f.callers, ms(f.do.med), ms(f.raw.med), ranged(f.ratio, f.runs), f.trips)
+			jsonTime, jsonRatio := "–", "–"
+			if f.json.med > 0 {
+				jsonTime, jsonRatio = ms(f.json.med), ranged(f.jsonRatio, f.runs)
+			}
+			fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %.2f | %.2f |\n",
+				f.backend, f.workload, f.callers, ms(f.do.med), ms(f.raw.med), ranged(f.ratio, f.runs), jsonTime, jsonRatio, f.target(), f.trips)
 		}
 	}
 	var vsEmpty, vsFloor []scaleRow
@@ -244,13 +277,13 @@ func writeComparisons(w io.Writer, c comparisons) {
 		"Do, loaded | Do, empty", func(s scaleRow) stat { return s.empty })
 	writeScaleTable(w, vsFloor, "Do on a store already holding live records against a raw floor on the same server, alternating, at each size (BenchmarkXxxScale with a floor; ratio = floor time ÷ Do time; the records do not slow Do down when the ratio holds from 0 records up, within 20%):",
 		"Do | floor", func(s scaleRow) stat { return s.floor })
-	if len(c.sweeps) > 0 {
-		fmt.Fprintln(w, "\nClaims beside a sweep of expired records (p99 claim latency before and during the sweep; target: ratio at most 2):")
-		fmt.Fprintln(w, "\n| backend | expired rows | callers | sweep | claim p99 before | during | ratio |")
-		fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|")
-		for _, s := range c.sweeps {
-			fmt.Fprintf(w, "| %s | %s | %d | %.1f s | %.2f ms | %.2f ms | %s |\n",
-				s.backend, s.rows, s.callers, s.seconds.med, s.base.med, s.during.med, ranged(s.r, s.runs))
+	if len(c.passes) > 0 {
+		fmt.Fprintln(w, "\nClaims beside an operator's pass over many records: a sweep of expired records, or a full Stuck listing (pages of 100) of live ones with 100 stuck among them (the time of the pass; p99 claim latency before and during it; target: ratio at most 2):")
+		fmt.Fprintln(w, "\n| backend | pass | records | callers | pass time | claim p99 before | during | ratio |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|")
+		for _, s := range c.passes {
+			fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %.2f ms | %.2f ms | %s |\n",
+				s.backend, s.pass, s.rows, s.callers, seconds(s.seconds.med), s.base.med, s.during.med, ranged(s.r, s.runs))
 		}
 	}
 }
