@@ -13,7 +13,7 @@
 # A failing input is written to the package's testdata/fuzz/<Target>/ by
 # go test: fix the bug and commit the file as a regression seed. The
 # store/postgres targets run its test binary, whose TestMain wants
-# IDEM_POSTGRES_URL (source /work/srv/env.sh, or see scripts/test.sh).
+# IDEM_POSTGRES_URL (scripts/servers/postgres.sh start DIR prints it; see scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-2m}

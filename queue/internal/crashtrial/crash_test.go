@@ -208,7 +208,7 @@ func env(t testing.TB, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
-		t.Fatalf("%s is not set: source /tmp/srv/env.sh, or run make test, which starts the servers", name)
+		t.Fatalf("%s is not set: run make test, which starts the servers, or start one with scripts/servers/*.sh start DIR", name)
 	}
 	return v
 }
