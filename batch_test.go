@@ -161,6 +161,42 @@ func TestDoBatchItemsAreIndependent(t *testing.T) {
 	}
 }
 
+// TestDoBatchScopes: items of different scopes with the same client key
+// are different records, each run once, in one store call; a scope part
+// that is empty refuses that item alone.
+func TestDoBatchScopes(t *testing.T) {
+	ctx := context.Background()
+	s := &batchStore{Store: memStore(nil)}
+	r, err := idempotency.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []idempotency.Request{
+		{Scope: []string{"tenant-a"}, Key: "k", Fingerprint: "a"},
+		{Scope: []string{"tenant-b"}, Key: "k", Fingerprint: "b"}, // another request: no mismatch across scopes
+		{Scope: []string{"tenant-a", ""}, Key: "k", Fingerprint: "a"},
+		{Scope: []string{"tenant-a"}, Key: "k", Fingerprint: "a"}, // item 0 again
+	}
+	var runs [4]int
+	out := idempotency.DoBatch(ctx, r, reqs, func(ctx context.Context, i int) (string, error) {
+		runs[i]++
+		return reqs[i].Scope[0], nil
+	})
+	if out[0].Outcome != idempotency.OutcomeCompleted || out[0].Value != "tenant-a" ||
+		out[1].Outcome != idempotency.OutcomeCompleted || out[1].Value != "tenant-b" {
+		t.Errorf("two scopes, one key: %+v / %+v; want each completed with its own value", out[0], out[1])
+	}
+	if !errors.Is(out[2].Err, idempotency.ErrInvalidKey) || out[2].Outcome != idempotency.OutcomeInvalidKey || runs[2] != 0 {
+		t.Errorf("an empty scope part: %+v, %v, ran %d; want ErrInvalidKey, not run", out[2].Result, out[2].Err, runs[2])
+	}
+	if out[3].Outcome != idempotency.OutcomeReplay || out[3].Value != "tenant-a" || runs[3] != 0 || runs[0] != 1 || runs[1] != 1 {
+		t.Errorf("item 0 again: %+v, runs %v; want tenant-a's answer, each scope run once", out[3], runs)
+	}
+	if n := s.claimBatches.Load(); n != 1 {
+		t.Errorf("%d claim batches, want 1", n)
+	}
+}
+
 // TestDoBatchPerItemStoreErrors: a store error for one item's claim fails
 // that item only, and an item that exceeds the store's batch size is sent
 // in a later call.
