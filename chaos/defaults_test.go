@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exactlyonce/idempotency/chaos"
 	"github.com/exactlyonce/idempotency/httpidem"
 )
 
@@ -27,9 +28,9 @@ import (
 // 5 attempts within 30 s, Retry-After capped at 1 s): it gives up with a
 // 409 after a few seconds, as the issue reported.
 func TestEveryDefaultSurvivesACrash(t *testing.T) {
-	pgURL := killEnv(t, "IDEM_POSTGRES_URL")
+	pgURL := chaos.ServerEnv(t, "IDEM_POSTGRES_URL")
 	bin := killBuild(t)
-	pool := killPool(t, pgURL)
+	pool := chaos.Pool(t, pgURL)
 	run := fmt.Sprintf("chaosdefaults_%d_%08x", os.Getpid(), rand.Uint32())
 	for _, tc := range []struct {
 		name string

@@ -87,20 +87,23 @@ func testDurationsAsDeclared(e *env) {
 	}
 
 	// A grace: the record holds for a takeover until lease plus grace,
-	// then expires.
-	how := fmt.Sprintf("a lease of %v and a grace of %v", u, grace)
+	// then expires. The lease is one the store keeps faithfully (at least
+	// MinLease), and the grace long enough that the lease is over, even
+	// its declared Resolution late, before the probe within the grace.
+	gl, gg := max(u, e.short), grace+e.tol+late+early
+	how := fmt.Sprintf("a lease of %v and a grace of %v", gl, gg)
 	for i, name := range []string{"within", "after"} {
 		k, tok := e.key("durations-grace-"+name), e.token()
 		var first idempotency.ClaimResult
-		set := e.timed(func() { first = e.acquire(k, fpA, tok, u, grace) })
+		set := e.timed(func() { first = e.acquire(k, fpA, tok, gl, gg) })
 		e.checkpoint(k, tok, "s", []byte("1"))
 		if i == 0 {
-			probes = append(probes, probe{set.from.Add(u + grace - early), func() {
+			probes = append(probes, probe{set.from.Add(gl + gg - early), func() {
 				e.takenOver(k, e.token(), first, map[string][]byte{"s": []byte("1")},
 					fmt.Sprintf("claim %v before the end of %s (the record must still hold its checkpoints: %s)", early, how, declared))
 			}})
 		} else {
-			probes = append(probes, probe{set.to.Add(u + grace + late), func() {
+			probes = append(probes, probe{set.to.Add(gl + gg + late), func() {
 				e.afresh(k, fpA, e.token(), first, fmt.Sprintf("claim %v after the end of %s (the record must have expired: %s)", late, how, declared))
 			}})
 		}
