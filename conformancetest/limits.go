@@ -90,7 +90,7 @@ func testDurationsAsDeclared(e *env) {
 	// then expires. The lease is one the store keeps faithfully (at least
 	// MinLease), and the grace long enough that the lease is over, even
 	// its declared Resolution late, before the probe within the grace.
-	gl, gg := max(u, e.short), grace+e.tol+late+early
+	gl, gg := max(u, e.short), grace+late+early
 	how := fmt.Sprintf("a lease of %v and a grace of %v", gl, gg)
 	for i, name := range []string{"within", "after"} {
 		k, tok := e.key("durations-grace-"+name), e.token()
