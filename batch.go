@@ -257,9 +257,14 @@ func (b *batch[T]) claimAll(items []*batchItem[T]) {
 		if bt := r.caps.Batcher; bt != nil {
 			results, ferrs = bt.ClaimBatch(ctx, sub)
 		} else {
+			// One call per item, each bounded by the store timeout as a
+			// call of Do is: not the batch's one attempt for them all.
 			results, ferrs = make([]ClaimResult, len(sub)), make([]error, len(sub))
 			for k, req := range sub {
-				results[k], ferrs[k] = r.store.Claim(ctx, req)
+				_ = r.attempt(b.ctx, nil, func(ctx context.Context) error {
+					results[k], ferrs[k] = r.store.Claim(ctx, req)
+					return nil
+				})
 			}
 		}
 		if len(results) != len(sub) || len(ferrs) != len(sub) {
@@ -451,11 +456,12 @@ func (b *batch[T]) finish(held []*batchItem[T]) {
 			}
 			got := make([]error, len(sub))
 			for k, f := range sub {
-				if f.Release {
-					got[k] = r.store.Release(ctx, f.Key, f.Token)
-				} else {
-					got[k] = r.store.Complete(ctx, f.Key, f.Token, f.Result, f.Retention)
-				}
+				got[k] = r.attempt(fb.ctx, nil, func(ctx context.Context) error {
+					if f.Release {
+						return r.store.Release(ctx, f.Key, f.Token)
+					}
+					return r.store.Complete(ctx, f.Key, f.Token, f.Result, f.Retention)
+				})
 			}
 			return got
 		})

@@ -197,6 +197,59 @@ func TestDoBatchScopes(t *testing.T) {
 	}
 }
 
+// slowStore is a store with no Batcher whose every call takes delay.
+type slowStore struct {
+	idempotency.Store
+	delay time.Duration
+}
+
+func (s slowStore) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	time.Sleep(s.delay)
+	return s.Store.Claim(ctx, r)
+}
+
+func (s slowStore) Complete(ctx context.Context, key string, tok idempotency.Token, result []byte, retention time.Duration) error {
+	time.Sleep(s.delay)
+	return s.Store.Complete(ctx, key, tok, result, retention)
+}
+
+// TestDoBatchFallbackBoundsEachCall: on a store without a Batcher each
+// item's call is bounded by the store timeout, as a call of Do is, not the
+// whole batch's calls by one: 20 items of 40 ms each, a store timeout of
+// 250 ms, all complete on their first attempt.
+func TestDoBatchFallbackBoundsEachCall(t *testing.T) {
+	s := slowStore{Store: memStore(nil), delay: 40 * time.Millisecond}
+	var claims atomic.Int64
+	counted := &countingClaims{Store: s, n: &claims}
+	r, err := idempotency.New(counted, idempotency.WithStoreTimeout(250*time.Millisecond), idempotency.WithUnsafeShortDurations())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idempotency.CapabilitiesOf(counted).Batcher != nil {
+		t.Fatal("the test store must have no Batcher")
+	}
+	out := idempotency.DoBatch(context.Background(), r, batchReqs("slow", 20), func(ctx context.Context, i int) (int, error) { return i, nil })
+	for i, o := range out {
+		if o.Err != nil || o.Outcome != idempotency.OutcomeCompleted || o.Value != i {
+			t.Errorf("item %d: %+v, %v; want completed with %d", i, o.Result, o.Err, i)
+		}
+	}
+	if n := claims.Load(); n != 20 {
+		t.Errorf("%d claims for 20 items, want 20 (none repeated after a timeout)", n)
+	}
+}
+
+// countingClaims counts the Claim calls of the store it wraps.
+type countingClaims struct {
+	idempotency.Store
+	n *atomic.Int64
+}
+
+func (c *countingClaims) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	c.n.Add(1)
+	return c.Store.Claim(ctx, r)
+}
+
 // TestDoBatchPerItemStoreErrors: a store error for one item's claim fails
 // that item only, and an item that exceeds the store's batch size is sent
 // in a later call.
