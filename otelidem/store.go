@@ -27,10 +27,12 @@ const (
 	opStuck
 	opSweep
 	opDiscard
+	opClaimBatch
+	opFinishBatch
 	numStoreOps
 )
 
-var storeOpNames = [numStoreOps]string{"claim", "renew", "checkpoint", "complete", "release", "watch", "inspect", "purge", "stuck", "sweep", "discard"}
+var storeOpNames = [numStoreOps]string{"claim", "renew", "checkpoint", "complete", "release", "watch", "inspect", "purge", "stuck", "sweep", "discard", "claim_batch", "finish_batch"}
 
 // spanNames are the store calls' span names, made once.
 var spanNames = func() (n [numStoreOps]string) {
@@ -111,6 +113,9 @@ func (o *Observer) Store(s idempotency.Store) idempotency.Store {
 	}
 	if c.Transactional != nil {
 		b.caps.Transactional = txPart{b, c.Transactional}
+	}
+	if c.Batcher != nil {
+		b.caps.Batcher = batchPart{b, c.Batcher}
 	}
 	return b
 }
@@ -258,6 +263,47 @@ func (p sweepPart) Sweep(ctx context.Context, limit int) (int, error) {
 	n, err := p.sw.Sweep(sctx, limit)
 	p.s.end(ctx, opSweep, span, t, err)
 	return n, err
+}
+
+// batchPart times a Batcher's calls: one measurement and one span per
+// batch (with its item count), whose error.type is that of the first item
+// that failed.
+type batchPart struct {
+	s  *store
+	bt idempotency.Batcher
+}
+
+// attrBatchItems is the number of items a batch call's span reports.
+const attrBatchItems = attribute.Key("idempotency.batch.items")
+
+func (p batchPart) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
+	sctx, span, t := p.s.start(ctx, opClaimBatch)
+	res, errs := p.bt.ClaimBatch(sctx, reqs)
+	if span != nil {
+		span.SetAttributes(attrBatchItems.Int(len(reqs)))
+	}
+	p.s.end(ctx, opClaimBatch, span, t, firstErr(errs))
+	return res, errs
+}
+
+func (p batchPart) FinishBatch(ctx context.Context, items []idempotency.Finish) []error {
+	sctx, span, t := p.s.start(ctx, opFinishBatch)
+	errs := p.bt.FinishBatch(sctx, items)
+	if span != nil {
+		span.SetAttributes(attrBatchItems.Int(len(items)))
+	}
+	p.s.end(ctx, opFinishBatch, span, t, firstErr(errs))
+	return errs
+}
+
+// firstErr is the first error of errs that is not nil, or nil.
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // isNil reports whether s is nil or holds a nil pointer.

@@ -3,6 +3,7 @@ package otelidem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -86,6 +87,63 @@ func TestStoreInterfaces(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStoreKeepsTheBatcher: a wrapped Batcher stays one (DoBatch still
+// claims a batch in one store call, not one per item), and each batch is
+// one timed store operation.
+func TestStoreKeepsTheBatcher(t *testing.T) {
+	h := newHarness(t, otelidem.Options{})
+	mem := memStore(nil)
+	var claims, batches int
+	counted := &countBatches{Store: mem, claims: &claims, batches: &batches}
+	w := h.o.Store(counted)
+	if idempotency.CapabilitiesOf(w).Batcher == nil {
+		t.Fatal("the wrapper lost the store's Batcher")
+	}
+	r, err := idempotency.New(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]idempotency.Request, 10)
+	for i := range reqs {
+		reqs[i] = idempotency.Request{Key: fmt.Sprintf("b%d", i), Fingerprint: "fp"}
+	}
+	out := idempotency.DoBatch(context.Background(), r, reqs, func(ctx context.Context, i int) (int, error) { return i, nil })
+	for i, o := range out {
+		if o.Err != nil || o.Value != i {
+			t.Fatalf("item %d: %+v, %v", i, o.Result, o.Err)
+		}
+	}
+	if batches != 1 || claims != 0 {
+		t.Errorf("%d claim batches and %d single claims through the wrapper, want 1 and 0", batches, claims)
+	}
+	equalMaps(t, otelidem.MetricStoreDuration, h.counts(otelidem.MetricStoreDuration), map[string]uint64{
+		"idempotency.store.operation=claim_batch":  1,
+		"idempotency.store.operation=finish_batch": 1,
+	})
+}
+
+// countBatches is a memory store that counts its single and batch claims.
+type countBatches struct {
+	*memory.Store
+	claims, batches *int
+}
+
+func (c *countBatches) Claim(ctx context.Context, r idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	*c.claims++
+	return c.Store.Claim(ctx, r)
+}
+
+func (c *countBatches) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
+	*c.batches++
+	return c.Store.ClaimBatch(ctx, reqs)
+}
+
+func (c *countBatches) Capabilities() idempotency.Capabilities {
+	caps := c.Store.Capabilities()
+	caps.Batcher = c
+	return caps
 }
 
 // TestStoreLimitsReachRunner: a store's minimum lease still refuses a
