@@ -96,6 +96,7 @@ func openBatchFloor(b *testing.B, backend, v string) *batchEnv {
 		if err != nil {
 			b.Fatal(err)
 		}
+		bench.CountStoreTrips(s, c, &trips)
 		pipe := func(ctx context.Context, sc *goredis.Script, keys []string, args ...any) error {
 			p := c.Pipeline()
 			cmds := make([]*goredis.Cmd, len(keys))

@@ -117,6 +117,7 @@ func redisFloor(b *testing.B, op string, callers, preload int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	bench.CountStoreTrips(s, c, &trips)
 	r, err := idempotency.New(s, idempotency.WithRetention(bench.Retention))
 	if err != nil {
 		b.Fatal(err)

@@ -46,8 +46,8 @@ func TestBatchRoundTrips(t *testing.T) {
 	t.Run("single", func(t *testing.T) {
 		c := newSingle(t)
 		var h pipeHook
-		c.AddHook(&h)
 		s := newStore(t, c, nil)
+		addHook(t, s, &h)
 		warmUp(t, s)
 		for _, n := range []int{1, 10, 300} {
 			reqs := claims(batchKeys(n, fmt.Sprintf("rt%d", n)), time.Minute)
@@ -229,8 +229,8 @@ func TestBatchItemsApart(t *testing.T) {
 	ctx := context.Background()
 	c := newSingle(t)
 	var h pipeHook
-	c.AddHook(&h)
 	s := newStore(t, c, &idemredis.Options{MaxValueSize: 16})
+	addHook(t, s, &h)
 	warmUp(t, s)
 
 	h.reset()

@@ -75,6 +75,9 @@ func benchDo(b *testing.B, client func(*countHook) goredis.UniversalClient) {
 		var h countHook
 		c := client(&h)
 		s := newStore(b, c, nil)
+		if s.Client() != idemredis.Client(c) { // a clone, which has none of c's hooks
+			addHook(b, s, &h)
+		}
 		r, err := idempotency.New(s, idempotency.WithRetention(10*time.Minute))
 		if err != nil {
 			b.Fatal(err)
@@ -277,10 +280,10 @@ func BenchmarkStuck(b *testing.B) {
 	for _, tc := range deployments {
 		// open returns a store on a client that counts round trips.
 		open := func(b *testing.B) (*idemredis.Store, *countHook) {
-			c := tc.client(b)
 			h := new(countHook)
-			c.AddHook(h)
-			return newStore(b, c, nil), h
+			s := newStore(b, tc.client(b), nil)
+			addHook(b, s, h)
+			return s, h
 		}
 		b.Run(tc.name+"/empty", func(b *testing.B) {
 			s, h := open(b)

@@ -155,3 +155,20 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// addHook adds h to the client s sends its commands through
+// (Store.Client: on a default *redis.Client, a clone of the client given
+// to New, which does not see hooks added to that client).
+func addHook(tb testing.TB, s *idemredis.Store, h goredis.Hook) {
+	tb.Helper()
+	switch c := s.Client().(type) {
+	case *goredis.Client:
+		c.AddHook(h)
+	case *goredis.ClusterClient:
+		c.AddHook(h)
+	case *goredis.Ring:
+		c.AddHook(h)
+	default:
+		tb.Fatalf("cannot add a hook to a %T", c)
+	}
+}

@@ -127,8 +127,8 @@ func TestShardsSpreadOverMasters(t *testing.T) {
 func TestNULKeysRefused(t *testing.T) {
 	c := newSingle(t)
 	var h countHook
-	c.AddHook(&h)
 	s := newStore(t, c, nil)
+	addHook(t, s, &h)
 	ctx := context.Background()
 	for _, k := range []string{"\x00fence", "3:a\x00b"} {
 		_, err1 := s.Claim(ctx, claimReq(k, "a", time.Minute))
@@ -158,8 +158,8 @@ func TestStuckManyShards(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			var h countHook
-			c.AddHook(&h)
 			s := newStore(t, c, nil)
+			addHook(t, s, &h)
 			ctx := context.Background()
 			const n = 400
 			want := map[string]idempotency.ClaimResult{}

@@ -20,13 +20,14 @@ func TestRoundTrips(t *testing.T) {
 	for _, opts := range []idemredis.Options{{}, {Replicas: 1}} {
 		c := newSingle(t)
 		var h countHook
-		c.AddHook(&h)
 		ctx := context.Background()
 		fn := func(context.Context) (string, error) { return "ok", nil }
 		req := idempotency.Request{Scope: []string{"tenant"}, Key: "order-1", Fingerprint: fingerprint}
 		if opts.Replicas > replicas {
 			opts.ReplicaTimeout = 10 * time.Millisecond
-			r, err := idempotency.New(newStore(t, c, &opts), idempotency.WithStoreRetries(1, 0))
+			s := newStore(t, c, &opts)
+			addHook(t, s, &h)
+			r, err := idempotency.New(s, idempotency.WithStoreRetries(1, 0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,7 +43,9 @@ func TestRoundTrips(t *testing.T) {
 			}
 			continue
 		}
-		r, err := idempotency.New(newStore(t, c, &opts))
+		s := newStore(t, c, &opts)
+		addHook(t, s, &h)
+		r, err := idempotency.New(s)
 		if err != nil {
 			t.Fatal(err)
 		}

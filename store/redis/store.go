@@ -185,6 +185,16 @@ func (s *Store) Capabilities() idempotency.Capabilities {
 // It returns an error wrapping idempotency.ErrInvalidArgument for a nil
 // client or unusable options.
 //
+// On a *redis.Client (plain or failover) without ContextTimeoutEnabled,
+// the store sends its commands through a clone of client made by
+// [goredis.Client.WithTimeout] with client's own timeouts: the same
+// connection pool and connections, the hooks client has when New is
+// called, and ContextTimeoutEnabled, so that go-redis bounds each call by
+// the caller's deadline itself (see call.go). Hooks added to client after
+// New do not see the store's commands: add them first. A client whose
+// read and write timeouts differ, or that disables socket deadlines
+// (ReadTimeout or WriteTimeout -2), is used as it is.
+//
 // New adds a hook to a *redis.Client (plain or failover), and the store
 // adds one to each node client of a *redis.ClusterClient or *redis.Ring
 // it uses, once per client however many stores share it: when a dial of
@@ -261,9 +271,18 @@ func New(client Client, opts *Options) (*Store, error) {
 	s.honoursDeadlines = honoursDeadlines(client)
 	if c, ok := client.(*goredis.Client); ok {
 		s.watch = watchOf(c)
+		if b := boundedClone(c); b != nil {
+			s.client, s.honoursDeadlines = b, true
+		}
 	}
 	return s, nil
 }
+
+// Client returns the client the store sends its commands through: the
+// client given to [New], or the clone of it that New made (a
+// *redis.Client without ContextTimeoutEnabled; see New). Add hooks that
+// must see the store's commands, such as instrumentation, to it.
+func (s *Store) Client() Client { return s.client }
 
 // Shards is the number of hash tags the store's keys use (see
 // [Store.Key]). Each shard has a fence mark: the highest fence handed out

@@ -632,8 +632,8 @@ func TestLostReply(t *testing.T) {
 func TestCanceledContextSendsNothing(t *testing.T) {
 	c := newSingle(t)
 	var h countHook
-	c.AddHook(&h)
 	s := newStore(t, c, nil)
+	addHook(t, s, &h)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := s.Claim(ctx, claimReq("3:abc", "a", time.Minute)); err != context.Canceled {

@@ -87,6 +87,9 @@ var clientKinds = []struct {
 	{"single", func(addr string) scriptingClient {
 		return goredis.NewClient(&goredis.Options{Addr: addr})
 	}},
+	{"single_split_timeouts", func(addr string) scriptingClient { // no clone: the worker hand-off
+		return goredis.NewClient(&goredis.Options{Addr: addr, ReadTimeout: 3 * time.Second, WriteTimeout: 2 * time.Second})
+	}},
 	{"single_context_timeout", func(addr string) scriptingClient {
 		return goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	}},

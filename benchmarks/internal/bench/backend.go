@@ -274,6 +274,7 @@ func (b *Backend) openRedis(ctx context.Context, c goredis.UniversalClient) erro
 	if err != nil {
 		return err
 	}
+	CountStoreTrips(s, c, &b.trips)
 	// scan calls f with every batch of this run's keys on node n.
 	scan := func(ctx context.Context, n *goredis.Client, f func(keys []string) error) error {
 		var cursor uint64

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	idemredis "github.com/exactlyonce/idempotency/store/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -42,6 +43,15 @@ func RedisClient(addr string, trips *atomic.Int64) (*goredis.Client, error) {
 // command, and every pipeline as one (add it to each node's client of a
 // cluster to count a pipeline per node).
 func RedisHook(trips *atomic.Int64) goredis.Hook { return (*redisHook)(trips) }
+
+// CountStoreTrips makes trips count the round trips of s too when s sends
+// its commands through a clone of c (a *redis.Client without
+// ContextTimeoutEnabled: see idemredis.New), which has none of c's hooks.
+func CountStoreTrips(s *idemredis.Store, c goredis.UniversalClient, trips *atomic.Int64) {
+	if sc, ok := s.Client().(*goredis.Client); ok && idemredis.Client(sc) != idemredis.Client(c) {
+		sc.AddHook((*redisHook)(trips))
+	}
+}
 
 // UnlinkPrefix deletes every key of c's server that starts with prefix,
 // SCANning in batches of 1000 and UNLINKing each batch in one pipeline.
