@@ -187,15 +187,21 @@ func honoursDeadlines(client Client) bool {
 	switch c := client.(type) {
 	case *goredis.Client: // also a failover (Sentinel) client
 		o := c.Options()
-		return o.ContextTimeoutEnabled && o.ReadTimeout >= 0 && o.WriteTimeout >= 0
+		return boundsIO(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	case *goredis.ClusterClient: // also a failover cluster client
 		o := c.Options()
-		return o.ContextTimeoutEnabled && o.ReadTimeout >= 0 && o.WriteTimeout >= 0
+		return boundsIO(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	case *goredis.Ring:
 		o := c.Options()
-		return o.ContextTimeoutEnabled && o.ReadTimeout >= 0 && o.WriteTimeout >= 0
+		return boundsIO(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	}
 	return false
+}
+
+// boundsIO reports whether go-redis bounds socket I/O by the context's
+// deadline with these options.
+func boundsIO(contextTimeout bool, read, write time.Duration) bool {
+	return contextTimeout && read >= 0 && write >= 0
 }
 
 // boundedClone returns, for a client c that does not bound its socket I/O
@@ -206,12 +212,13 @@ func honoursDeadlines(client Client) bool {
 // then run on the caller's goroutine, without the hand-off to a worker
 // that [do] needs otherwise, which cost 40-75 µs per call on the 2-core
 // test machine (store/redis/README.md, "Bounded calls"). It returns nil
-// when c honours deadlines already, or when a clone cannot keep c's
-// timeouts: WithTimeout sets the read and write timeouts to one value,
-// and a negative one disables socket deadlines altogether.
+// when a clone cannot keep c's timeouts: WithTimeout sets the read and
+// write timeouts to one value, and a negative one disables socket
+// deadlines altogether. The caller checks first that c does not honour
+// deadlines already.
 func boundedClone(c *goredis.Client) *goredis.Client {
 	o := c.Options()
-	if honoursDeadlines(c) || o.ReadTimeout < 0 || o.WriteTimeout != o.ReadTimeout {
+	if o.ReadTimeout < 0 || o.WriteTimeout != o.ReadTimeout {
 		return nil
 	}
 	b := c.WithTimeout(o.ReadTimeout)

@@ -25,17 +25,16 @@ func TestBoundedClone(t *testing.T) {
 		t.Fatal("IDEM_REDIS_ADDR is not set: run scripts/test.sh")
 	}
 	for _, tc := range []struct {
-		name              string
-		opts              goredis.Options
-		clone, honours    bool
-		wantReadTimeoutMs int64
+		name           string
+		opts           goredis.Options
+		clone, honours bool
 	}{
-		{"default", goredis.Options{}, true, true, 5000},
-		{"own_timeouts", goredis.Options{ReadTimeout: 700 * time.Millisecond}, true, true, 700},
-		{"context_timeout", goredis.Options{ContextTimeoutEnabled: true}, false, true, 0},
-		{"split_timeouts", goredis.Options{ReadTimeout: 3 * time.Second, WriteTimeout: 2 * time.Second}, false, false, 0},
-		{"no_deadlines", goredis.Options{ReadTimeout: -2, WriteTimeout: -2}, false, false, 0},
-		{"context_timeout_no_deadlines", goredis.Options{ContextTimeoutEnabled: true, ReadTimeout: -2, WriteTimeout: -2}, false, false, 0},
+		{"default", goredis.Options{}, true, true},
+		{"own_timeouts", goredis.Options{ReadTimeout: 700 * time.Millisecond}, true, true},
+		{"context_timeout", goredis.Options{ContextTimeoutEnabled: true}, false, true},
+		{"split_timeouts", goredis.Options{ReadTimeout: 3 * time.Second, WriteTimeout: 2 * time.Second}, false, false},
+		{"no_deadlines", goredis.Options{ReadTimeout: -2, WriteTimeout: -2}, false, false},
+		{"context_timeout_no_deadlines", goredis.Options{ContextTimeoutEnabled: true, ReadTimeout: -2, WriteTimeout: -2}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.opts
@@ -70,8 +69,14 @@ func TestBoundedClone(t *testing.T) {
 				return
 			}
 			b := s.client.(*goredis.Client)
-			if bo := b.Options(); !bo.ContextTimeoutEnabled || bo.ReadTimeout.Milliseconds() != tc.wantReadTimeoutMs || bo.WriteTimeout != bo.ReadTimeout {
-				t.Errorf("clone's options: ContextTimeoutEnabled %v, timeouts %v/%v; want true, %dms both", bo.ContextTimeoutEnabled, bo.ReadTimeout, bo.WriteTimeout, tc.wantReadTimeoutMs)
+			// The client's own timeouts (go-redis's defaults, or 700ms as
+			// given), as read back from the client.
+			want := c.Options().ReadTimeout
+			if tc.opts.ReadTimeout > 0 && want != tc.opts.ReadTimeout {
+				t.Fatalf("client's read timeout %v, configured %v", want, tc.opts.ReadTimeout)
+			}
+			if bo := b.Options(); !bo.ContextTimeoutEnabled || bo.ReadTimeout != want || bo.WriteTimeout != want {
+				t.Errorf("clone's options: ContextTimeoutEnabled %v, timeouts %v/%v; want true, %v both", bo.ContextTimeoutEnabled, bo.ReadTimeout, bo.WriteTimeout, want)
 			}
 			// One pool: the connections the store's calls opened are the
 			// caller's client's.

@@ -271,8 +271,10 @@ func New(client Client, opts *Options) (*Store, error) {
 	s.honoursDeadlines = honoursDeadlines(client)
 	if c, ok := client.(*goredis.Client); ok {
 		s.watch = watchOf(c)
-		if b := boundedClone(c); b != nil {
-			s.client, s.honoursDeadlines = b, true
+		if !s.honoursDeadlines {
+			if b := boundedClone(c); b != nil {
+				s.client, s.honoursDeadlines = b, true
+			}
 		}
 	}
 	return s, nil
