@@ -1,4 +1,4 @@
-.PHONY: test demo bench fuzz
+.PHONY: test demo bench fuzz lint
 
 # Vet and race-test every module, starting the servers the adapters need.
 test:
@@ -16,3 +16,7 @@ bench:
 # `make test` runs them on their seed corpus only. See scripts/fuzz.sh.
 fuzz:
 	./scripts/fuzz.sh
+
+# staticcheck on every module (not part of test: see scripts/lint.sh).
+lint:
+	./scripts/lint.sh

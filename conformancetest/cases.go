@@ -793,7 +793,7 @@ func testWatch(e *env) {
 					return
 				}
 				if spurious == 10000 {
-					woke <- errors.New("Watch returned 10000 times before any change: it polls instead of waiting")
+					woke <- errors.New("watch returned 10000 times before any change: it polls instead of waiting")
 					return
 				}
 			}

@@ -88,7 +88,7 @@ func TestHTTPRequestSpan(t *testing.T) {
 			t.Errorf("request %d: outcome %q, want %q", i, got, want[i].outcome)
 		}
 		if got := attrOf(s, otelidem.AttrReplayed); got.Type() != attribute.BOOL || got.AsBool() != want[i].replayed {
-			t.Errorf("request %d: replayed %v, want %v", i, got.Emit(), want[i].replayed)
+			t.Errorf("request %d: replayed %v, want %v", i, got.String(), want[i].replayed)
 		}
 	}
 	for _, s := range h.spans.Ended() {
@@ -136,12 +136,12 @@ func TestCallSpanAttributes(t *testing.T) {
 	}
 	for k, want := range map[attribute.Key]string{
 		otelidem.AttrOutcome:    "completed",
-		otelidem.AttrFence:      attribute.Int64Value(res.Fence).Emit(),
+		otelidem.AttrFence:      attribute.Int64Value(res.Fence).String(),
 		otelidem.AttrAttempt:    "2",
 		otelidem.AttrReplayed:   "false",
 		otelidem.AttrScopeClass: "shared",
 	} {
-		if got := attrOf(do, k).Emit(); got != want {
+		if got := attrOf(do, k).String(); got != want {
 			t.Errorf("%s = %q, want %q", k, got, want)
 		}
 	}

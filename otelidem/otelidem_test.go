@@ -76,7 +76,7 @@ func attrKey(s attribute.Set) string {
 	kvs := s.ToSlice()
 	parts := make([]string, len(kvs))
 	for i, kv := range kvs {
-		parts[i] = string(kv.Key) + "=" + kv.Value.Emit()
+		parts[i] = string(kv.Key) + "=" + kv.Value.String()
 	}
 	return strings.Join(parts, ",")
 }
@@ -330,7 +330,7 @@ func TestScriptedSequence(t *testing.T) {
 	// No attribute anywhere holds the tenant or a client key.
 	for _, s := range spans {
 		for _, kv := range s.Attributes() {
-			if v := kv.Value.Emit(); strings.Contains(v, tenant) || v == "k1" {
+			if v := kv.Value.String(); strings.Contains(v, tenant) || v == "k1" {
 				t.Errorf("span %s: attribute %s=%s leaks the scope or key", s.Name(), kv.Key, v)
 			}
 		}

@@ -53,7 +53,7 @@ func TestAdvertisedExpiryStopsLateRetries(t *testing.T) {
 					!strings.Contains(it.Reason, queue.DefaultExpiresHeader) {
 					t.Errorf("%d attempts; dead with response %v, reason %q; want 1, none, too late naming the header", n.Load(), it.Response, it.Reason)
 				}
-				if d := it.Expires.Sub(time.Now()); d < 20*time.Second || d > 40*time.Second {
+				if d := time.Until(it.Expires); d < 20*time.Second || d > 40*time.Second {
 					t.Errorf("expiry %v from now on our clock, want about 30s", d)
 				}
 				dl, err := q.Inspect(key)

@@ -29,10 +29,6 @@ type retryState struct {
 	lastErr  string
 }
 
-func stateOf(h *head) retryState {
-	return retryState{sent: h.sent, expires: h.expires, next: h.next, attempts: h.attempts, lastErr: h.lastErr}
-}
-
 func (st *retryState) setHead(h *head) {
 	h.sent, h.expires, h.next, h.attempts, h.lastErr = st.sent, st.expires, st.next, st.attempts, st.lastErr
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -103,13 +102,9 @@ func (p *Process) stop() {
 	}
 }
 
-// goTool is the go command of the toolchain that built the test.
-func goTool() string {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
-		return p
-	}
-	return "go"
-}
+// goTool is the go command of the toolchain that runs the test: go test
+// puts its GOROOT/bin first on the test's PATH.
+func goTool() string { return "go" }
 
 // moduleDir is this module's directory: the one with the go.mod above
 // the test's working directory.
@@ -127,9 +122,4 @@ func moduleDir(tb testing.TB) string {
 			tb.Fatalf("no go.mod of github.com/exactlyonce/idempotency/internal/etcdtest above %s", dir)
 		}
 	}
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }

@@ -346,7 +346,6 @@ func TestFenceAcrossDeletion(t *testing.T) {
 	}
 	// A takeover also goes by one when the clock is behind the fence.
 	clock.Advance(2 * time.Second)
-	d = m.doc("ahead")
 	if res := claimOK(t, s, "ahead", "fp", "t4", time.Second, time.Hour); res.Fence != ahead+3 || res.Attempt != 1 {
 		t.Errorf("claim after expiry: fence %d attempt %d, want %d, 1", res.Fence, res.Attempt, ahead+3)
 	}

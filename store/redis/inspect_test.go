@@ -77,13 +77,22 @@ func listStuck(t *testing.T, s *idemredis.Store, limit int) []string {
 
 // TestShardsSpreadOverMasters measures where the 1024 shard tags land on
 // the test cluster: CLUSTER KEYSLOT of every tag, mapped to the masters
-// by CLUSTER SLOTS. Each master owns a third of the slots, so it should
+// by CLUSTER SHARDS. Each master owns a third of the slots, so it should
 // get about 341 tags (standard deviation 15); a master with fewer than 290
 // would take a visibly smaller share of the records.
 func TestShardsSpreadOverMasters(t *testing.T) {
+	masterOf := func(sh goredis.ClusterShard) string {
+		for _, n := range sh.Nodes {
+			if n.Role == "master" {
+				return fmt.Sprintf("%s:%d", n.IP, n.Port)
+			}
+		}
+		t.Fatalf("shard %v has no master", sh)
+		return ""
+	}
 	c := newCluster(t)
 	ctx := context.Background()
-	slots, err := c.ClusterSlots(ctx).Result()
+	shards, err := c.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,9 +112,11 @@ func TestShardsSpreadOverMasters(t *testing.T) {
 	for _, cmd := range cmds {
 		slot := cmd.Val()
 		distinct[slot] = true
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) {
-				perMaster[r.Nodes[0].Addr]++
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start <= slot && slot <= r.End {
+					perMaster[masterOf(sh)]++
+				}
 			}
 		}
 	}

@@ -158,15 +158,6 @@ func preparedAt(root, version, rev string) ([]*goModule, error) {
 	return mods, nil
 }
 
-// sumsOf returns the go.sum lines of module modPath at version in a file.
-func sumsOf(name, modPath, version string) ([]string, error) {
-	data, err := os.ReadFile(name)
-	if err != nil {
-		return nil, err
-	}
-	return sumsIn(string(data), modPath, version), nil
-}
-
 // sumsIn returns, sorted, the go.sum lines of module modPath at version
 // in the text of a go.sum file.
 func sumsIn(data, modPath, version string) []string {
