@@ -69,6 +69,7 @@ type InProgressError struct {
 	RetryAfter time.Duration
 }
 
+// Error says the request is in progress and when to retry.
 func (e *InProgressError) Error() string {
 	return "idempotency: request in progress, retry after " + e.RetryAfter.String()
 }
@@ -94,6 +95,8 @@ type StoreError struct {
 	Err error
 }
 
+// Error names the store operation that failed, whether fn ran, and the
+// store's error.
 func (e *StoreError) Error() string {
 	s := "idempotency: store " + e.Op + " failed"
 	if e.Ran {
@@ -135,6 +138,7 @@ type StoredError struct {
 	Message string
 }
 
+// Error returns the original error's message.
 func (e *StoredError) Error() string { return e.Message }
 
 // Is reports whether target is ErrPermanent.

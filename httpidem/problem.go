@@ -159,6 +159,7 @@ type ScopeError struct {
 	Detail string
 }
 
+// Error gives the status and the detail.
 func (e *ScopeError) Error() string {
 	return "httpidem: scope rejected (" + strconv.Itoa(e.Status) + "): " + e.Detail
 }

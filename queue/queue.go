@@ -56,6 +56,8 @@ const (
 	Dead State = 3
 )
 
+// String returns the state's name: "pending", "done" or "dead"
+// ("unknown" for another value).
 func (s State) String() string {
 	switch s {
 	case Pending:
