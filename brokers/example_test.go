@@ -21,8 +21,8 @@ import (
 )
 
 // billing returns the batch handler of the examples: an inbox on a memory
-// store (use a real one: PostgreSQL, Redis, ...) whose effect prints the
-// event.
+// store (use a real one: PostgreSQL, Redis, ...; examples/brokers runs
+// each loop on one) whose effect prints the event.
 func billing() brokers.BatchHandler {
 	s, err := memory.New(nil)
 	if err != nil {
