@@ -96,6 +96,39 @@ func openPGPlace(ctx context.Context, cleanup func(func())) (*pgPlace, error) {
 	return p, nil
 }
 
+// rawFloor returns the raw floor's calls on p's floor table: a fresh call
+// inserts a STARTED row and completes it with resp (two statements), a
+// replay reads a completed row (one).
+func rawFloor(ctx context.Context, p *pgPlace, resp []byte) bench.FloorCalls {
+	insert := "INSERT INTO " + p.floor + " (key, st, lease) VALUES ($1, 'started', clock_timestamp() + interval '30s') ON CONFLICT DO NOTHING RETURNING key"
+	update := "UPDATE " + p.floor + " SET st = 'completed', resp = $2 WHERE key = $1"
+	sel := "SELECT st, resp FROM " + p.floor + " WHERE key = $1"
+	return bench.FloorCalls{
+		Fresh: func(key string) error {
+			var k string
+			if err := p.pool.QueryRow(ctx, insert, key).Scan(&k); err != nil {
+				return fmt.Errorf("raw claim of %s: %w", key, err)
+			}
+			tag, err := p.pool.Exec(ctx, update, key, resp)
+			if err == nil && tag.RowsAffected() != 1 {
+				err = fmt.Errorf("raw completion of %s changed %d rows", key, tag.RowsAffected())
+			}
+			return err
+		},
+		Replay: func(key string) ([]byte, error) {
+			var st string
+			var got []byte
+			if err := p.pool.QueryRow(ctx, sel, key).Scan(&st, &got); err != nil {
+				return nil, fmt.Errorf("raw replay of %s: %w", key, err)
+			}
+			if st != "completed" || len(got) != len(resp) {
+				return nil, fmt.Errorf("raw replay of %s: %s, %d bytes", key, st, len(got))
+			}
+			return got, nil
+		},
+	}
+}
+
 func postgresFloor(b *testing.B, op string, callers int) {
 	p := newPGPlace(b)
 	r, err := idempotency.New(p.store, idempotency.WithRetention(bench.Retention))
@@ -115,31 +148,8 @@ func postgresFloor(b *testing.B, op string, callers int) {
 		}
 		return err
 	}
-	insert := "INSERT INTO " + p.floor + " (key, st, lease) VALUES ($1, 'started', clock_timestamp() + interval '30s') ON CONFLICT DO NOTHING RETURNING key"
-	update := "UPDATE " + p.floor + " SET st = 'completed', resp = $2 WHERE key = $1"
-	sel := "SELECT st, resp FROM " + p.floor + " WHERE key = $1"
-	rawFresh := func(key string) error {
-		var k string
-		if err := p.pool.QueryRow(ctx, insert, key).Scan(&k); err != nil {
-			return fmt.Errorf("raw claim of %s: %w", key, err)
-		}
-		tag, err := p.pool.Exec(ctx, update, key, resp)
-		if err == nil && tag.RowsAffected() != 1 {
-			err = fmt.Errorf("raw completion of %s changed %d rows", key, tag.RowsAffected())
-		}
-		return err
-	}
-	rawReplay := func(key string) ([]byte, error) {
-		var st string
-		var got []byte
-		if err := p.pool.QueryRow(ctx, sel, key).Scan(&st, &got); err != nil {
-			return nil, fmt.Errorf("raw replay of %s: %w", key, err)
-		}
-		if st != "completed" || len(got) != len(resp) {
-			return nil, fmt.Errorf("raw replay of %s: %s, %d bytes", key, st, len(got))
-		}
-		return got, nil
-	}
+	raw := rawFloor(ctx, p, resp)
+	rawFresh, rawReplay := raw.Fresh, raw.Replay
 	// Warm-up from every goroutine: connections dialled, statements
 	// prepared on each; replays read one completed key per goroutine.
 	bench.Warm(callers, func(g int) error {
@@ -161,5 +171,5 @@ func postgresFloor(b *testing.B, op string, callers int) {
 		}
 		return nil
 	}, b.Fatal)
-	bench.FloorOps(b, op, callers, &p.trips, do, bench.FloorCalls{Fresh: rawFresh, Replay: rawReplay})
+	bench.FloorOps(b, op, callers, &p.trips, do, raw)
 }
