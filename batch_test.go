@@ -19,7 +19,7 @@ import (
 type batchStore struct {
 	*memory.Store
 	claimBatches, finishBatches atomic.Int64
-	largest                     atomic.Int64
+	largest, last               atomic.Int64
 	maxBatch                    int
 	failClaim                   func(key string) error
 }
@@ -33,6 +33,7 @@ func (s *batchStore) Capabilities() idempotency.Capabilities {
 
 func (s *batchStore) ClaimBatch(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, []error) {
 	s.claimBatches.Add(1)
+	s.last.Store(int64(len(reqs)))
 	if n := int64(len(reqs)); n > s.largest.Load() {
 		s.largest.Store(n)
 	}
@@ -458,4 +459,75 @@ func (c *callRecorder) EndCall(_ context.Context, call idempotency.Call) {
 	c.mu.Lock()
 	c.outcomes = append(c.outcomes, call.Outcome.String())
 	c.mu.Unlock()
+}
+
+// TestDoBatchBadArguments: a nil runner, fn or context fails every item
+// with ErrInvalidArgument, and reaches no store.
+func TestDoBatchBadArguments(t *testing.T) {
+	s := &batchStore{Store: memStore(nil)}
+	r, err := idempotency.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := func(context.Context, int) (string, error) { return "v", nil }
+	reqs := batchReqs("k", 3)
+	for name, out := range map[string][]idempotency.BatchResult[string]{
+		"nil runner":  idempotency.DoBatch(context.Background(), nil, reqs, fn),
+		"nil fn":      idempotency.DoBatch[string](context.Background(), r, reqs, nil),
+		"nil context": idempotency.DoBatch(nil, r, reqs, fn), //lint:ignore SA1012 the nil context is the case under test
+	} {
+		if len(out) != len(reqs) {
+			t.Fatalf("%s: %d answers for %d requests", name, len(out), len(reqs))
+		}
+		for i, o := range out {
+			if !errors.Is(o.Err, idempotency.ErrInvalidArgument) || o.Ran {
+				t.Errorf("%s, item %d: %+v; want ErrInvalidArgument, not run", name, i, o)
+			}
+		}
+	}
+	if c, f := s.claimBatches.Load(), s.finishBatches.Load(); c != 0 || f != 0 {
+		t.Errorf("%d claim and %d finish calls reached the store, want none", c, f)
+	}
+}
+
+// TestDoBatchReplayCache: with the replay cache, the items of a batch
+// already completed through this runner are answered from memory (a
+// replay, or a mismatch for another fingerprint) and only the others are
+// claimed, in one call.
+func TestDoBatchReplayCache(t *testing.T) {
+	ctx := context.Background()
+	s := &batchStore{Store: memStore(nil)}
+	r := cachedRunner(t, s, 1<<20, time.Minute)
+	fn := func(_ context.Context, i int) (string, error) { return "v" + strconv.Itoa(i), nil }
+	first := idempotency.DoBatch(ctx, r, batchReqs("k", 2), fn)
+	for i, o := range first {
+		if o.Err != nil || o.Outcome != idempotency.OutcomeCompleted {
+			t.Fatalf("item %d: %+v", i, o)
+		}
+	}
+	reqs := append(batchReqs("k", 2), batchReqs("new", 1)...)
+	reqs[1].Fingerprint = "another body"
+	var ran []int
+	out := idempotency.DoBatch(ctx, r, reqs, func(ctx context.Context, i int) (string, error) {
+		ran = append(ran, i)
+		return fn(ctx, i)
+	})
+	if o := out[0]; o.Err != nil || o.Outcome != idempotency.OutcomeReplay || !o.Replayed || o.Value != "v0" || o.Fence != first[0].Fence {
+		t.Errorf("the completed item: %+v; want its replay", o)
+	}
+	if o := out[1]; !errors.Is(o.Err, idempotency.ErrMismatch) || o.Outcome != idempotency.OutcomeMismatch {
+		t.Errorf("the completed key with another fingerprint: %+v; want a mismatch", o)
+	}
+	if o := out[2]; o.Err != nil || o.Outcome != idempotency.OutcomeCompleted || o.Value != "v2" {
+		t.Errorf("the new item: %+v", o)
+	}
+	if len(ran) != 1 || ran[0] != 2 {
+		t.Errorf("fn ran for items %v, want [2]", ran)
+	}
+	if c := s.claimBatches.Load(); c != 2 {
+		t.Errorf("%d claim calls for the two batches, want 2 (the cached items claimed by none)", c)
+	}
+	if got := s.last.Load(); got != 1 {
+		t.Errorf("the second batch claimed %d items, want 1 (its new item only)", got)
+	}
 }
