@@ -850,3 +850,33 @@ func TestEmptyAndNoContentResponses(t *testing.T) {
 		}
 	}
 }
+
+// A handler's Flush (http.Flusher or http.ResponseController) sends
+// nothing while its response is buffered, since the response must be
+// stored before the client sees any of it; once the response outgrows
+// WithMaxResponseSize and streams, Flush reaches the client.
+func TestFlush(t *testing.T) {
+	handler := func(chunk string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, chunk)
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Errorf("Flush through the middleware: %v", err)
+			}
+			w.(http.Flusher).Flush()
+			io.WriteString(w, chunk)
+		})
+	}
+	h := wrap(t, newRunner(t, nil), handler("ab"), httpidem.WithMaxResponseSize(1024))
+	first := do(h, "POST", "/p", "k", `{}`)
+	if first.Code != 200 || first.Body.String() != "abab" || first.Flushed {
+		t.Fatalf("buffered: %d %q, flushed %v; want 200 \"abab\", not flushed before it was stored", first.Code, first.Body.String(), first.Flushed)
+	}
+	if again := do(h, "POST", "/p", "k", `{}`); again.Body.String() != "abab" || again.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %q, replayed %q", again.Body.String(), again.Header().Get("Idempotent-Replayed"))
+	}
+	big := strings.Repeat("z", 64)
+	streamed := do(wrap(t, newRunner(t, nil), handler(big), httpidem.WithMaxResponseSize(32)), "POST", "/p", "k", `{}`)
+	if streamed.Code != 200 || streamed.Body.String() != big+big || !streamed.Flushed {
+		t.Fatalf("streamed: %d, %d bytes, flushed %v; want 200, %d bytes, flushed", streamed.Code, streamed.Body.Len(), streamed.Flushed, 2*len(big))
+	}
+}

@@ -654,9 +654,11 @@ func TestTransportAutoKey(t *testing.T) {
 	}
 }
 
-// expiryServer answers 503 with the expiry header set to expires, and a
-// Date from its own clock: the client's fake clock plus skew.
+// expiryServer answers 503 with the expiry header (header, or
+// Idempotency-Key-Expires) set to expires, and a Date from its own clock:
+// the client's fake clock plus skew.
 type expiryServer struct {
+	header   string
 	expires  string
 	clock    *fakeTime
 	skew     time.Duration
@@ -666,7 +668,11 @@ type expiryServer struct {
 func (s *expiryServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.attempts.Add(1)
 	w.Header().Set("Date", s.clock.Now().Add(s.skew).Format(http.TimeFormat))
-	w.Header().Set("Idempotency-Key-Expires", s.expires)
+	h := s.header
+	if h == "" {
+		h = "Idempotency-Key-Expires"
+	}
+	w.Header().Set(h, s.expires)
 	w.Header().Set("Retry-After", "10")
 	w.WriteHeader(http.StatusServiceUnavailable)
 }
@@ -718,5 +724,82 @@ func TestTransportStopsAtTheKeysExpiry(t *testing.T) {
 			}
 			resp.Body.Close()
 		})
+	}
+}
+
+// WithClientExpiresHeader: the Transport reads the key's expiry from the
+// header the server names it in: a renamed header is ignored under the
+// default name and honoured under its own; "" ignores the default one;
+// an invalid name is refused by NewTransport, naming the option.
+func TestClientExpiresHeader(t *testing.T) {
+	soon := func(server time.Time) string { return server.Add(5 * time.Second).Format(http.TimeFormat) }
+	for _, tc := range []struct {
+		name, serverHeader string
+		opts               []httpidem.ClientOption
+		expired            bool
+	}{
+		{"renamed, read under the default name", "X-Key-Expires", nil, false},
+		{"renamed, read under its name", "X-Key-Expires", []httpidem.ClientOption{httpidem.WithClientExpiresHeader("x-key-expires")}, true},
+		{"default, ignored", "", []httpidem.ClientOption{httpidem.WithClientExpiresHeader("")}, false},
+		{"default", "", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeTime()
+			s := &expiryServer{header: tc.serverHeader, expires: soon(clock.Now()), clock: clock}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			tr := clock.transport(t, append([]httpidem.ClientOption{httpidem.WithMaxAttempts(4)}, tc.opts...)...)
+			req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+			httpidem.SetKey(req, "k")
+			resp, err := tr.RoundTrip(req)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			switch {
+			case tc.expired && (!errors.Is(err, httpidem.ErrKeyExpired) || s.attempts.Load() != 1):
+				t.Fatalf("%v after %d attempts; want ErrKeyExpired after 1", err, s.attempts.Load())
+			case !tc.expired && (err != nil || s.attempts.Load() != 4):
+				t.Fatalf("%v after %d attempts; want the last 503 after 4 (the expiry not read)", err, s.attempts.Load())
+			}
+		})
+	}
+	if _, err := httpidem.NewTransport(httpidem.WithClientExpiresHeader("bad header")); !errors.Is(err, idempotency.ErrInvalidArgument) || !strings.Contains(err.Error(), "WithClientExpiresHeader") {
+		t.Errorf("an invalid header name: %v; want ErrInvalidArgument naming WithClientExpiresHeader", err)
+	}
+}
+
+// ShouldRetry is the Transport's rule for other clients: a network error,
+// a 5xx, 429 or 409 not marked replayed; never a replayed answer, a
+// success or another 4xx.
+func TestShouldRetry(t *testing.T) {
+	resp := func(status int, replayed bool) *http.Response {
+		r := &http.Response{StatusCode: status, Header: http.Header{}}
+		if replayed {
+			r.Header.Set(httpidem.DefaultReplayHeader, "true")
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		resp *http.Response
+		err  error
+		want bool
+	}{
+		{"network error", nil, errors.New("connection reset"), true},
+		{"503", resp(503, false), nil, true},
+		{"500", resp(500, false), nil, true},
+		{"429", resp(429, false), nil, true},
+		{"409 in progress", resp(409, false), nil, true},
+		{"500 replayed", resp(500, true), nil, false},
+		{"409 replayed", resp(409, true), nil, false},
+		{"200", resp(200, false), nil, false},
+		{"201 replayed", resp(201, true), nil, false},
+		{"422 mismatch", resp(422, false), nil, false},
+		{"400", resp(400, false), nil, false},
+		{"no response, no error", nil, nil, false},
+	} {
+		if got := httpidem.ShouldRetry(tc.resp, tc.err); got != tc.want {
+			t.Errorf("%s: ShouldRetry = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
