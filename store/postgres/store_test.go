@@ -520,3 +520,29 @@ func TestMigrateUpgradesAnOldTable(t *testing.T) {
 		t.Errorf("Migrate again: %v", err)
 	}
 }
+
+// Store.Key names the record's row: the value of the table's key column
+// for the storage key Do used.
+func TestKeyNamesTheRow(t *testing.T) {
+	pool := testPool(t, pgx.QueryExecModeCacheStatement)
+	ctx := t.Context()
+	table := "key_" + randomHex(6)
+	s := newStore(t, pool, &postgres.Options{Table: table})
+	r, err := idempotency.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idempotency.Request{Scope: []string{"tenant-1"}, Key: "order-7"}
+	if _, err := idempotency.Do(ctx, r, req, func(context.Context) (string, error) { return "v", nil }); err != nil {
+		t.Fatal(err)
+	}
+	sk, err := r.StorageKey(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state string
+	q := "SELECT state FROM " + pgx.Identifier{testSchema, table}.Sanitize() + " WHERE key = $1"
+	if err := pool.QueryRow(ctx, q, s.Key(sk)).Scan(&state); err != nil || state != "completed" {
+		t.Fatalf("the row of Key(%q): state %q, %v; want completed", sk, state, err)
+	}
+}
