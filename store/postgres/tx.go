@@ -49,8 +49,12 @@ const (
 // [*idempotency.InProgressError] (Outcome OutcomeInProgress). The lock
 // wait is scoped to a savepoint, so giving up does not abort tx. A key
 // held by a live lease of Do (outside a transaction) also gives an
-// InProgressError. A call in a transaction never waits for another holder
-// beyond that lock wait, even on a runner with [idempotency.WithWait]:
+// InProgressError. The other way round is slower: a plain Do on a key a
+// DoTx holds in a transaction not yet committed waits on its row until the
+// transaction ends or the attempt's store timeout does, and then answers a
+// store error (README: "Mixing the two modes on one key"). A call in a
+// transaction never waits for another holder beyond that lock wait, even
+// on a runner with [idempotency.WithWait]:
 // waiting would hold tx, and its connection, for the length of the other
 // call. To wait, end tx and run a new one later (a [TxExecutor] does, on
 // a runner with WithWait). A replay, a mismatch or an in-progress answer

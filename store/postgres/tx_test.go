@@ -824,3 +824,44 @@ func TestTxLockWaitLongerThanStoreTimeoutRefused(t *testing.T) {
 		t.Fatalf("NewTxExecutor with a store timeout of 3 s: %v", err)
 	}
 }
+
+// A plain Do (outside a transaction) on a key that a DoTx has claimed in a
+// transaction not yet committed waits on that row, as PostgreSQL's INSERT
+// ... ON CONFLICT waits for an uncommitted conflicting row: each attempt
+// ends at the store timeout, and after the runner's attempts Do answers a
+// store error, fn not run (the README's "Mixing the two modes on one
+// key"). Once the transaction commits, the plain Do replays its result.
+// No effect runs twice either way.
+func TestPlainDoOnAKeyHeldByDoTx(t *testing.T) {
+	e := newTxEnv(t, nil)
+	ctx := t.Context()
+	plain, err := idempotency.New(e.store, idempotency.WithStoreTimeout(200*time.Millisecond), idempotency.WithStoreRetries(2, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	first, err := postgres.DoTx(ctx, e.runner, tx, req("held"), e.insertEffect("held"))
+	if err != nil || first.Outcome != idempotency.OutcomeCompleted {
+		t.Fatalf("DoTx: %+v, %v", first, err)
+	}
+	ran := false
+	res, err := idempotency.Do(ctx, plain, req("held"), func(context.Context) (int64, error) { ran = true; return 0, nil })
+	var se *idempotency.StoreError
+	if !errors.As(err, &se) || res.Outcome != idempotency.OutcomeStoreError || ran || res.Ran || se.Ran {
+		t.Fatalf("plain Do while the transaction is open: %+v, %v, fn ran %v; want a store error, fn not run", res, err, ran)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err = idempotency.Do(ctx, plain, req("held"), func(context.Context) (int64, error) { ran = true; return 0, nil })
+	if err != nil || !res.Replayed || res.Value != first.Value || ran {
+		t.Fatalf("plain Do after the commit: %+v, %v, fn ran %v; want the replay of %d", res, err, ran, first.Value)
+	}
+	if n := e.effectRows(t, "held"); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
+	}
+}
