@@ -207,7 +207,7 @@ return 1
 // lease.
 var completeScript = goredis.NewScript(`
 local k = KEYS[1]
-local h = redis.call('HMGET', k, 't', 'l', 'c', 'n')
+local h = redis.call('HMGET', k, 't', 'l', 'c')
 if h[1] ~= ARGV[1] then return 0 end
 if not h[2] then
   if ARGV[4] == '1' then redis.call('HSET', k, 't', ARGV[1]) end
@@ -227,10 +227,10 @@ else
 end
 redis.call('HSET', k, 'r', ARGV[2])
 redis.call('PEXPIRE', k, ARGV[3])
-if tonumber(string.match(h[2], '(%d+)$')) < tonumber(ARGV[3]) then
+if tonumber(string.match(h[2], '^%d+:%d+:(%d+)')) < tonumber(ARGV[3]) then
 ` + nowLua + `
   local now = clock()
-  extend(KEYS[2], tonumber(h[4]), now + ARGV[3] + ARGV[6], now)
+  extend(KEYS[2], tonumber(redis.call('HGET', k, 'n')), now + ARGV[3] + ARGV[6], now)
 end
 return 1
 `)
